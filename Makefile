@@ -1,0 +1,47 @@
+# Self-documenting: `make help` lists every target with a `## ` comment.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# CPU wheel of torch; a CUDA machine can override: `make TORCH_SPEC=torch demo`.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test test-slow test-gpu test-all bench compare clean
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP) ## Create .venv and install the project (torch first, then the rest)
+
+demo: $(STAMP) ## Run the default recipe (tiny_math_grpo): GRPO on a tiny local model, CPU, < 3 min
+	$(BIN)/python -m recipes.run
+
+test: $(STAMP) ## Run the CPU test suite (not slow, not gpu): < 10 min on 2 cores
+	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-slow: $(STAMP) ## Run the slow tests (demo learning check, long end-to-end runs)
+	$(BIN)/python -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+
+test-gpu: $(STAMP) ## Run the GPU tests (vLLM, flash-attn); needs CUDA and `pip install -e .[gpu]`
+	$(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
+
+test-all: $(STAMP) ## Run every CPU test, slow ones included
+	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+bench: $(STAMP) ## Run the benchmarks (see docs/performance.md)
+	$(BIN)/python -m bench
+
+compare: $(STAMP) ## Print the results table of finished runs as markdown
+	$(BIN)/python -m recipes.compare
+
+clean: ## Remove run outputs and the model cache (keeps .venv)
+	rm -rf results/runs results/*.jsonl .cache

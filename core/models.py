@@ -1,0 +1,184 @@
+"""Models and tokenizers: load by hub name or local dir, or build a tiny one locally (then cached).
+
+A tiny model is built from a config of the same architecture class as the real recipe (Qwen2 for
+Qwen, Llama for Llama/Tulu) with a character-level tokenizer built here, saved to a local folder and
+loaded back through the same ``from_pretrained`` path that loads a 7B model on a cluster.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import string
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from core import paths
+
+# Special tokens per architecture family, named as the real tokenizers name them so chat templates
+# and EOS handling exercise the same code paths as on a cluster.
+_SPECIALS = {
+    "qwen2": {"pad": "<|endoftext|>", "eos": "<|im_end|>", "bos": None, "extra": ["<|im_start|>"]},
+    "llama": {"pad": "<|finetune_right_pad_id|>", "eos": "<|eot_id|>", "bos": "<|begin_of_text|>",
+              "extra": ["<|start_header_id|>", "<|end_header_id|>", "<|end_of_text|>"]},
+}
+_CHAT_TEMPLATES = {
+    "qwen2": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "llama": (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+        "{{ m['content'] }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+}
+_CONFIG_CLASSES = {"qwen2": "Qwen2Config", "llama": "LlamaConfig"}
+
+
+def _specials(arch: str) -> dict:
+    if arch not in _SPECIALS:
+        raise ValueError(f"model.arch={arch!r} is not buildable locally; choose one of {sorted(_SPECIALS)}")
+    return _SPECIALS[arch]
+
+
+def build_char_tokenizer(arch: str):
+    """A character-level fast tokenizer: printable ASCII, newline, tab, plus the arch's specials.
+
+    Anything outside that alphabet maps to ``<unk>``; decoding concatenates characters exactly.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    sp = _specials(arch)
+    specials = [t for t in [sp["pad"], sp["eos"], sp["bos"], *sp["extra"], "<unk>"] if t]
+    chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", pad_token=sp["pad"], eos_token=sp["eos"],
+        bos_token=sp["bos"], additional_special_tokens=sp["extra"], padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = _CHAT_TEMPLATES[arch]
+    return fast
+
+
+def _tiny_config(arch: str, tiny: dict, tokenizer):
+    import transformers
+
+    cls = getattr(transformers, _CONFIG_CLASSES[arch])
+    vocab = len(tokenizer)
+    return cls(
+        vocab_size=(vocab + 7) // 8 * 8,  # a multiple of 8, as real vocabularies are padded
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id, **tiny,
+    )
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """Exclusive lock so concurrent jobs (Hydra multirun, torchrun ranks) build a cache entry once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def cached_build(kind: str, key: Any, build: Callable[[Path], None]) -> Path:
+    """Return ``<cache>/<kind>/<digest(key)>``, running ``build(tmp_dir)`` once if it is missing.
+
+    The folder appears atomically (built in a temporary sibling, then renamed), so a killed build
+    leaves no half-written entry behind.
+    """
+    root = paths.cache_dir() / kind
+    final = root / _digest(key)
+    if (final / "DONE").exists():
+        return final
+    with _file_lock(root / f".{final.name}.lock"):
+        if (final / "DONE").exists():
+            return final
+        tmp = root / f".{final.name}.tmp{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        build(tmp)
+        (tmp / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
+        (tmp / "DONE").write_text("")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    return final
+
+
+def build_tiny_model_dir(arch: str, tiny: dict, seed: int) -> Path:
+    """Build (once, then cached) a randomly initialised tiny model + tokenizer of class ``arch``."""
+    from transformers import AutoModelForCausalLM
+
+    def build(out: Path) -> None:
+        tok = build_char_tokenizer(arch)
+        cfg = _tiny_config(arch, dict(tiny), tok)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+
+    return cached_build("models", {"arch": arch, "tiny": dict(tiny), "seed": seed, "v": 1}, build)
+
+
+def model_dir(model_cfg) -> str:
+    """The ``from_pretrained`` path for ``model_cfg``: its hub name/local dir, or a built tiny model."""
+    if model_cfg.get("name_or_path"):
+        return str(model_cfg.name_or_path)
+    if not model_cfg.get("tiny"):
+        raise ValueError("model.name_or_path is empty and model.tiny is not set: nothing to load")
+    return str(build_tiny_model_dir(model_cfg.arch, dict(model_cfg.tiny), int(model_cfg.get("init_seed", 0))))
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"  # generation pads prompts on the left
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, model_cfg):
+    """``AutoModelForCausalLM.from_pretrained`` with dtype, attention and checkpointing from config."""
+    from transformers import AutoModelForCausalLM
+
+    attn = model_cfg.get("attn_implementation", "sdpa")
+    if attn == "flash_attention_2":
+        _require("flash_attn", "model.attn_implementation=flash_attention_2")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=_DTYPES[model_cfg.get("dtype", "float32")], attn_implementation=attn
+    )
+    if model_cfg.get("gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model
+
+
+def _require(module: str, what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(f"{what} needs the optional package {module!r}: pip install -e '.[gpu]' on a CUDA machine")

@@ -1,0 +1,53 @@
+"""The results table: one JSON row per finished run in ``results/runs.jsonl``, appended atomically.
+
+Rows are appended under an exclusive lock with a single write of one line, so concurrent Hydra
+multirun jobs never interleave or half-write a row; ``python -m recipes.compare`` renders them.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+TABLE = "runs.jsonl"
+
+
+def append_row(results_dir: Path, row: dict) -> Path:
+    path = Path(results_dir) / TABLE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(row, sort_keys=True, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    return path
+
+
+def read_rows(results_dir: Path) -> list[dict]:
+    path = Path(results_dir) / TABLE
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line from a crashed writer on a filesystem without atomic appends
+    return rows
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    head = "| " + " | ".join(columns) + " |"
+    sep = "| " + " | ".join("---" for _ in columns) + " |"
+    body = ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])

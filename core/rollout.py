@@ -1,0 +1,182 @@
+"""Rollout engines: sample completions for a batch of prompts.
+
+Every engine returns a :class:`Rollout` with the same layout, so the trainer never knows which one ran:
+prompts left-padded to ``P`` columns, responses right-padded to ``R`` columns, a response mask that
+covers generated tokens up to and including the first EOS, per-token sampling log-probs and a finish
+reason per sample (``stop``: EOS emitted; ``length``: cut at ``max_new_tokens``).
+
+Engines are registered by config name (``rollout.engine``): ``hf`` (Hugging Face ``generate``, CPU or
+GPU) here, ``vllm`` in :mod:`core.rollout_vllm` (GPU only, imported lazily).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+_ENGINES: dict[str, Callable] = {}
+
+
+def register_engine(name: str):
+    def deco(cls):
+        if name in _ENGINES and _ENGINES[name] is not cls:
+            raise ValueError(f"rollout engine {name!r} is already registered")
+        _ENGINES[name] = cls
+        return cls
+
+    return deco
+
+
+def build_engine(name: str, model, tokenizer, cfg):
+    """The engine registered as ``name``; ``vllm`` is imported only when asked for."""
+    if name == "vllm" and name not in _ENGINES:
+        import core.rollout_vllm  # noqa: F401  (registers itself; needs the gpu extra)
+    if name not in _ENGINES:
+        raise KeyError(f"unknown rollout.engine {name!r}; registered: {', '.join(sorted(_ENGINES) + ['vllm'])}")
+    return _ENGINES[name](model, tokenizer, cfg)
+
+
+@dataclass
+class Sampling:
+    """Sampling parameters; ``temperature == 0`` means greedy."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+
+    @classmethod
+    def from_cfg(cls, cfg, greedy: bool = False) -> "Sampling":
+        return cls(int(cfg.max_new_tokens), 0.0 if greedy else float(cfg.temperature),
+                   float(cfg.top_p), int(cfg.top_k))
+
+
+@dataclass
+class Rollout:
+    input_ids: torch.Tensor  # [N, P+R] prompt (left-padded) then response (right-padded)
+    attention_mask: torch.Tensor  # [N, P+R] 1 on real prompt tokens and on response tokens kept
+    response_mask: torch.Tensor  # [N, R] 1 on generated tokens up to and including the first EOS
+    logprobs: torch.Tensor  # [N, R] log-prob of each sampled token under the sampling distribution
+    finish_reason: list[str]  # N x {"stop", "length"}
+    prompt_length: int  # P
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_length:]  # [N, R]
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)  # [N]
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists to ``(ids [N, P], mask [N, P])``, padded on the left."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def response_mask_from_ids(resp: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask tokens after the first EOS. Returns ``(mask [N, R], stopped [N] bool)``."""
+    is_eos = torch.isin(resp, torch.tensor(eos_ids, device=resp.device))  # [N, R]
+    # tokens strictly after the first EOS have a positive count of earlier EOS tokens
+    after = (is_eos.cumsum(-1) - is_eos.long()) > 0  # [N, R]
+    return (~after).long(), is_eos.any(-1)
+
+
+def assemble(prompt_ids, prompt_mask, resp, eos_ids, pad_id, logprobs) -> Rollout:
+    """Build a :class:`Rollout` from padded prompts and raw generated tokens ``resp [N, R]``."""
+    rmask, stopped = response_mask_from_ids(resp, eos_ids)  # [N, R], [N]
+    resp = resp.masked_fill(rmask == 0, pad_id)
+    return Rollout(
+        input_ids=torch.cat([prompt_ids, resp], 1),  # [N, P+R]
+        attention_mask=torch.cat([prompt_mask, rmask], 1),  # [N, P+R]
+        response_mask=rmask,
+        logprobs=logprobs * rmask,
+        finish_reason=["stop" if s else "length" for s in stopped.tolist()],
+        prompt_length=prompt_ids.shape[1],
+    )
+
+
+def eos_token_ids(tokenizer, model=None) -> list[int]:
+    """EOS ids: the tokenizer's plus any in the model's generation config (Llama-3 lists several)."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    ids.update(extra if isinstance(extra, (list, tuple)) else [extra])
+    return sorted(i for i in ids if i is not None)
+
+
+@register_engine("hf")
+class HFEngine:
+    """Hugging Face ``generate`` on the training model itself (no weight sync needed).
+
+    Log-probs are ``log_softmax(logits / T)`` of the chosen token: the temperature-scaled policy the
+    trainer differentiates (TRL divides logits by the temperature the same way), before top-p/top-k
+    truncation. Greedy decoding reports ``T = 1`` log-probs.
+    """
+
+    def __init__(self, model, tokenizer, cfg):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size = int(cfg.get("generation_batch_size", 0) or 0)
+        self.eos_ids = eos_token_ids(tokenizer, model)
+
+    def sync_weights(self, model) -> None:
+        self.model = model  # same process, same tensors: nothing to copy
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> Rollout:
+        step = self.batch_size or len(prompts)
+        parts = [self._generate_chunk(prompts[i:i + step], sampling) for i in range(0, len(prompts), step)]
+        return parts[0] if len(parts) == 1 else concat_rollouts(parts, self.tokenizer.pad_token_id)
+
+    def _generate_chunk(self, prompts: list[list[int]], sp: Sampling) -> Rollout:
+        pad = self.tokenizer.pad_token_id
+        ids, mask = left_pad(prompts, pad)  # [n, P]
+        device = next(self.model.parameters()).device
+        greedy = sp.temperature <= 0
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=sp.max_new_tokens,
+            do_sample=not greedy, temperature=None if greedy else sp.temperature,
+            top_p=None if greedy else sp.top_p, top_k=None if greedy or sp.top_k <= 0 else sp.top_k,
+            eos_token_id=self.eos_ids, pad_token_id=pad, output_logits=True,
+            return_dict_in_generate=True, use_cache=True,
+        )
+        self.model.train(was_training)
+        resp = out.sequences[:, ids.shape[1]:].cpu()  # [n, R]
+        logits = torch.stack(out.logits, 1).float().cpu()  # [n, R, V]
+        temp = 1.0 if greedy else sp.temperature
+        logp = torch.log_softmax(logits / temp, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)  # [n, R]
+        return assemble(ids, mask, resp, self.eos_ids, pad, logp)
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Stack rollouts of different ``P``/``R`` widths into one, re-padding both sides."""
+    P = max(p.prompt_length for p in parts)
+    R = max(p.response_mask.shape[1] for p in parts)
+
+    def widen(x: torch.Tensor, p: Rollout, fill) -> torch.Tensor:
+        prompt, resp = x[:, :p.prompt_length], x[:, p.prompt_length:]
+        lp = torch.full((x.shape[0], P - p.prompt_length), fill, dtype=x.dtype)
+        rp = torch.full((x.shape[0], R - resp.shape[1]), fill, dtype=x.dtype)
+        return torch.cat([lp, prompt, resp, rp], 1)
+
+    def rpad(x: torch.Tensor, fill) -> torch.Tensor:
+        return torch.cat([x, torch.full((x.shape[0], R - x.shape[1]), fill, dtype=x.dtype)], 1)
+
+    return Rollout(
+        input_ids=torch.cat([widen(p.input_ids, p, pad_id) for p in parts]),
+        attention_mask=torch.cat([widen(p.attention_mask, p, 0) for p in parts]),
+        response_mask=torch.cat([rpad(p.response_mask, 0) for p in parts]),
+        logprobs=torch.cat([rpad(p.logprobs, 0.0) for p in parts]),
+        finish_reason=sum((p.finish_reason for p in parts), []),
+        prompt_length=P,
+    )

@@ -1,0 +1,51 @@
+"""The ``scale`` group: shrink any recipe so it runs end to end on a CPU, keeping its ratios.
+
+``scale=full`` leaves the recipe as published. ``scale=tiny`` swaps the model for a locally built
+tiny model of the same architecture class, divides prompts per step by one factor ``k`` and the
+mini-batch by the same factor (so optimiser steps per RL step are kept), keeps the number of
+accumulated micro-batches where it still divides, caps lengths, and points data at local files
+(the data config's ``tiny`` node) when the recipe reads from the hub.
+"""
+from __future__ import annotations
+
+from omegaconf import OmegaConf, open_dict
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
+
+
+def shrink_batches(t, s) -> dict:
+    """New ``train`` batch sizes for scale ``s``: optimiser steps per RL step kept."""
+    P, G = int(t.prompts_per_step), int(t.group_size)
+    updates = max(1, P * G // int(t.mini_batch_size))  # optimiser steps per RL step (per epoch)
+    accum = max(1, int(t.mini_batch_size) // int(t.micro_batch_size))
+    new_g = min(G, int(s.max_group_size))
+    new_p = min(P, int(s.prompts_per_step))
+    samples = new_p * new_g
+    updates = _divisor_at_most(samples, updates)
+    mini = samples // updates
+    micro = mini // _divisor_at_most(mini, accum)
+    return {"prompts_per_step": new_p, "group_size": new_g, "mini_batch_size": mini, "micro_batch_size": micro,
+            "total_steps": min(int(t.total_steps), int(s.total_steps)),
+            "logprob_micro_batch_size": min(int(t.logprob_micro_batch_size), samples)}
+
+
+def apply_scale(cfg):
+    """Return ``cfg`` shrunk by ``cfg.scale`` (a copy; the input is not modified)."""
+    if cfg.scale.name == "full":
+        return cfg
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    s = cfg.scale
+    with open_dict(cfg):
+        cfg.model.name_or_path = None
+        cfg.model.tiny = OmegaConf.to_container(s.model)
+        cfg.model.dtype = "float32"
+        cfg.model.attn_implementation = "sdpa"
+        if cfg.data.get("tiny"):
+            cfg.data = OmegaConf.merge(cfg.data, cfg.data.tiny)
+        cfg.train.update(shrink_batches(cfg.train, s))
+        cfg.train.eval_prompts = min(int(cfg.train.eval_prompts) or 8, 8)
+        cfg.rollout.max_new_tokens = min(int(cfg.rollout.max_new_tokens), int(s.max_new_tokens))
+        cfg.rollout.engine = "hf"
+    return cfg

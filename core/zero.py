@@ -1,0 +1,156 @@
+"""The optimiser engine the loops talk to: plain torch (``zero.stage: 0``) or DeepSpeed ZeRO 1/2/3.
+
+Both expose the same calls, so a loop never branches on the backend:
+
+- ``engine.module``: the model to call forward on;
+- ``engine.backward(loss)``: once per micro-batch; ``loss`` must already carry its share of the
+  optimiser step's normaliser (the aggregation divides by accumulation steps or token counts), so
+  no backend rescales it again;
+- ``engine.step() -> {"grad_norm", "lr"}``: once per optimiser step (clip, step, schedule, zero);
+- ``engine.state_dict()/load_state_dict()`` and ``engine.save_pretrained(dir)`` for checkpoints.
+
+DeepSpeed runs on CPU too (``DS_ACCELERATOR=cpu torchrun ...`` over gloo), which is how its path is
+tested here.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+
+
+def build_scheduler(optimizer, sched_cfg, total_steps: int):
+    """``transformers.get_scheduler`` with warmup given as a ratio of ``total_steps`` or in steps."""
+    from transformers import get_scheduler
+
+    warmup = int(sched_cfg.get("warmup_steps", 0) or 0)
+    if sched_cfg.get("warmup_ratio"):
+        warmup = math.ceil(float(sched_cfg.warmup_ratio) * total_steps)
+    extra = dict(sched_cfg.get("kwargs") or {})
+    return get_scheduler(sched_cfg.name, optimizer, num_warmup_steps=warmup,
+                         num_training_steps=total_steps, scheduler_specific_kwargs=extra or None)
+
+
+def build_optimizer(params, optim_cfg):
+    """Instantiate ``optim.optimizer`` (a ``_partial_`` ``_target_`` node) on ``params``."""
+    return instantiate(optim_cfg.optimizer)(params)
+
+
+class TorchEngine:
+    """Single-process torch: the reference path every other backend must agree with."""
+
+    def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int = 1):
+        self.module = model
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(params, optim_cfg)
+        self.scheduler = build_scheduler(self.optimizer, optim_cfg.scheduler, total_steps)
+        self.max_grad_norm = float(optim_cfg.get("max_grad_norm", 0) or 0)
+        self._params = params
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> dict[str, float]:
+        norm = _clip(self._params, self.max_grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": norm, "lr": lr}
+
+    def save_state(self, out_dir) -> None:
+        """Model, optimiser and schedule into ``out_dir/engine.pt`` (the caller makes it atomic)."""
+        torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict()}, Path(out_dir) / "engine.pt")
+
+    def load_state(self, out_dir) -> None:
+        state = torch.load(Path(out_dir) / "engine.pt", weights_only=False)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def save_pretrained(self, out_dir, tokenizer=None) -> None:
+        self.module.save_pretrained(out_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)
+
+
+def _clip(params, max_norm: float) -> float:
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+
+def deepspeed_config(zero_cfg, optim_cfg, micro_batch: int, grad_accum: int, world: int) -> dict:
+    """The DeepSpeed JSON for ``zero.stage``; clipping is DeepSpeed's so ZeRO sees partitioned grads."""
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch * grad_accum * world,
+        "gradient_clipping": float(optim_cfg.get("max_grad_norm", 0) or 0),
+        "zero_allow_untested_optimizer": True,  # a torch AdamW client optimiser
+        "zero_optimization": {"stage": int(zero_cfg.stage), **dict(zero_cfg.get("options") or {})},
+        "bf16": {"enabled": bool(zero_cfg.get("bf16", False))},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    for what in ("offload_optimizer", "offload_param"):
+        if zero_cfg.get(what):
+            cfg["zero_optimization"][what] = {"device": "cpu", "pin_memory": True}
+    return cfg
+
+
+class DeepSpeedEngine:
+    """DeepSpeed ZeRO behind the TorchEngine calls (``zero.stage`` 1, 2 or 3)."""
+
+    def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int, zero_cfg, micro_batch: int):
+        import deepspeed
+        import torch.distributed as dist
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = build_optimizer(params, optim_cfg)
+        scheduler = build_scheduler(optimizer, optim_cfg.scheduler, total_steps)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        ds_cfg = deepspeed_config(zero_cfg, optim_cfg, micro_batch, grad_accum, world)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
+        self.module = self.engine.module
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # The loss already carries its accumulation normaliser: stop DeepSpeed dividing by GAS again.
+        self.engine.backward(loss, scale_wrt_gas=False)
+        self.engine.step()  # a no-op except at the accumulation boundary, where it steps
+
+    def step(self) -> dict[str, float]:
+        norm = self.engine.get_global_grad_norm()
+        lr = self.scheduler.get_last_lr()[0] if self.scheduler is not None else float("nan")
+        return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}
+
+    def save_state(self, out_dir) -> None:
+        self.engine.save_checkpoint(str(out_dir), tag="engine")
+
+    def load_state(self, out_dir) -> None:
+        self.engine.load_checkpoint(str(out_dir), tag="engine")
+
+    def save_pretrained(self, out_dir, tokenizer=None) -> None:
+        """Gather (ZeRO-3) and save a plain Hugging Face folder from rank 0."""
+        import torch.distributed as dist
+
+        state = self.engine._zero3_consolidated_16bit_state_dict() if self.engine.zero_optimization_stage() == 3 \
+            else self.module.state_dict()
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            self.module.save_pretrained(out_dir, state_dict=state)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(out_dir)
+
+
+def build_engine(model, optim_cfg, zero_cfg, total_steps: int, grad_accum: int, micro_batch: int):
+    """``TorchEngine`` for ``zero.stage == 0``, else ``DeepSpeedEngine``."""
+    if int(zero_cfg.stage) == 0:
+        return TorchEngine(model, optim_cfg, total_steps, grad_accum)
+    return DeepSpeedEngine(model, optim_cfg, total_steps, grad_accum, zero_cfg, micro_batch)

@@ -1,0 +1,40 @@
+"""Entry point: ``python -m recipes.run [recipe=NAME] [scale=tiny] [key=value ...]``.
+
+Composes ``conf/config.yaml`` with Hydra (no change of working directory), applies the ``scale``
+group, and hands the config to the loop named by ``loop`` (``recipes/<loop>.py``). Returns the
+loop's objective so Hydra sweepers can optimise it.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from core.paths import CONF_DIR, PROJECT_ROOT  # noqa: E402
+
+if not OmegaConf.has_resolver("root"):
+    OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+
+LOOPS = ("rl",)
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Dispatch to ``recipes.<loop>.main(cfg)``; the loop validates before building any model."""
+    if cfg.loop not in LOOPS:
+        raise ValueError(f"loop={cfg.loop!r}; expected one of {LOOPS}")
+    return importlib.import_module(f"recipes.{cfg.loop}").main(cfg)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()

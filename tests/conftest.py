@@ -1,0 +1,20 @@
+"""Shared fixtures. Tests that need ../shared/data skip with the reason when it is absent."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from core import paths  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """Path of the real data folder (../shared/data or $RLR_DATA_DIR); skips when it is missing."""
+    d = paths.data_dir()
+    if not d.is_dir():
+        pytest.skip(f"real data not found at {d} (set RLR_DATA_DIR to the shared data folder)")
+    return d

@@ -1,0 +1,143 @@
+"""Code-execution verifiers: a completion's last fenced Python block run against unit tests in ``verifiers.sandbox``.
+
+* Code extraction: Open-R1 ``extract_code`` (huggingface/open-r1 src/open_r1/utils/code_providers / rewards.py
+  @ c1e1192): the last match of ```` ```python\\n(.*?)``` ````, else "".
+* ``code`` -- stdin/stdout test cases, Open-R1 ``code_reward``: each case runs the program with the input on stdin
+  (default 5 s each), stdout and expected are compared line by line after ``strip`` over ``zip`` (the shorter side
+  only); reward = fraction of cases passed. Column ``verification_info`` ({"test_cases": [{"input","output"}]}) or
+  ``test_cases``. No code -> 0.0.
+* ``code_binary`` -- Open-R1 ``binary_code``: 1 if ``code`` > 0.99 else 0 (None kept).
+* ``code_mbpp`` -- assert tests, MBPP order (Austin et al. 2021): code, then ``test_setup_code``, then the
+  ``test_list`` asserts, all-or-nothing in one process. ``code_mbpp_fraction``: one process per assert, fraction.
+* ``code_humaneval`` -- HumanEval (Chen et al. 2021; openai/human-eval ``execution.py``): ``prompt + completion``
+  (or the completion's fenced block, when it has one, in place of both), then ``test``, then
+  ``check(entry_point)``.
+Options (keyword columns): ``timeout`` per process (s), ``batch_size`` (tests per process; stop at the first
+failing batch, as Open-R1's ``code_eval_test_batch_size``), ``workers`` (parallel sandboxes).
+"""
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from verifiers import register_verifier
+from verifiers._common import column, texts
+from verifiers.pool import default_workers
+from verifiers.sandbox import run_python
+
+
+def extract_code(completion: str, language: str = "python") -> str:
+    matches = re.findall(rf"```{language}\n(.*?)```", completion, re.DOTALL)
+    return matches[-1] if matches else ""
+
+
+def io_case_passed(stdout: str, expected: str) -> bool:
+    """Open-R1's comparison: all(zip of stripped lines equal) -- extra lines on either side are not checked."""
+    out_lines, exp_lines = stdout.strip().split("\n"), str(expected).strip().split("\n")
+    return all(o.strip() == e.strip() for o, e in zip(out_lines, exp_lines))
+
+
+def _batches(items: Sequence, batch_size: int) -> list[list]:
+    if batch_size is None or batch_size <= 0:
+        return [list(items)]
+    return [list(items[i:i + batch_size]) for i in range(0, len(items), batch_size)]
+
+
+def run_asserts(program: str, setup: str, asserts: Sequence[str], timeout: float = 10.0, batch_size: int = -1,
+                fraction: bool = False) -> float:
+    """Run ``program``, ``setup``, then asserts in batches (one process each); stop at the first failing batch.
+
+    Returns the fraction of asserts in passing batches (``fraction=True``) or 1.0/0.0 for all passed.
+    """
+    if not asserts:
+        raise ValueError("no tests to run")
+    passed = 0
+    for batch in _batches(asserts, 1 if fraction and batch_size == -1 else batch_size):
+        res = run_python(program + "\n" + setup + "\n" + "\n".join(batch) + "\n", timeout=timeout)
+        if not res.ok:
+            break
+        passed += len(batch)
+    return passed / len(asserts) if fraction else float(passed == len(asserts))
+
+
+def run_io_cases(program: str, cases: Sequence[dict], timeout: float = 5.0, batch_size: int = 1) -> float:
+    """Fraction of stdin/stdout cases passed; with ``batch_size`` > 0 stop after the first batch with a failure."""
+    passed = 0
+    for batch in _batches(cases, batch_size):
+        ok = [run_python(program, stdin=str(c["input"]), timeout=timeout) for c in batch]
+        good = [r.ok and io_case_passed(r.stdout, c["output"]) for r, c in zip(ok, batch)]
+        passed += sum(good)
+        if not all(good):
+            break
+    return passed / len(cases)
+
+
+def _parallel(fn, jobs: list, workers: int | None) -> list:
+    # Each job spends its time in a sandbox subprocess, so threads are enough to keep the cores busy.
+    with ThreadPoolExecutor(max_workers=workers or default_workers()) as ex:
+        return list(ex.map(lambda j: fn(*j), jobs))
+
+
+def _test_cases(info) -> list[dict]:
+    if isinstance(info, str):
+        info = json.loads(info)
+    cases = info.get("test_cases", info) if isinstance(info, dict) else info
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and {"input", "output"} <= set(c) for c in cases):
+        raise ValueError("test cases must be a list of {'input': ..., 'output': ...}")
+    return cases
+
+
+@register_verifier("code")
+def code_reward(completions, **columns) -> list[float | None]:
+    comps = texts(completions)
+    infos = column(columns, ("verification_info", "test_cases"), len(comps), "code")
+    timeout, bs = float(columns.get("timeout", 5.0)), int(columns.get("batch_size", -1))
+
+    def one(text, info):
+        cases, code = _test_cases(info), extract_code(text)
+        return None if not cases else (0.0 if not code.strip() else run_io_cases(code, cases, timeout, bs))
+    return _parallel(one, list(zip(comps, infos)), columns.get("workers"))
+
+
+@register_verifier("code_binary")
+def code_binary_reward(completions, **columns) -> list[float | None]:
+    return [None if r is None else float(r > 0.99) for r in code_reward(completions, **columns)]
+
+
+def _mbpp(completions, columns: dict, fraction: bool, name: str) -> list[float | None]:
+    comps = texts(completions)
+    tests = column(columns, ("test_list",), len(comps), name)
+    setups = columns.get("test_setup_code") or [""] * len(comps)
+    timeout, bs = float(columns.get("timeout", 15.0)), int(columns.get("batch_size", -1))
+
+    def one(text, setup, asserts):
+        code = extract_code(text) or (text if columns.get("raw_code") else "")
+        return 0.0 if not code.strip() else run_asserts(code, setup or "", list(asserts), timeout, bs, fraction)
+    return _parallel(one, list(zip(comps, setups, tests)), columns.get("workers"))
+
+
+@register_verifier("code_mbpp")
+def code_mbpp_reward(completions, **columns) -> list[float | None]:
+    """MBPP all-or-nothing. ``raw_code=True`` treats a completion with no fenced block as code."""
+    return _mbpp(completions, columns, False, "code_mbpp")
+
+
+@register_verifier("code_mbpp_fraction")
+def code_mbpp_fraction_reward(completions, **columns) -> list[float | None]:
+    return _mbpp(completions, columns, True, "code_mbpp_fraction")
+
+
+@register_verifier("code_humaneval")
+def code_humaneval_reward(completions, **columns) -> list[float | None]:
+    comps = texts(completions)
+    n = len(comps)
+    prompts, tests = column(columns, ("prompt",), n, "code_humaneval"), column(columns, ("test",), n, "code_humaneval")
+    entries = column(columns, ("entry_point",), n, "code_humaneval")
+    timeout = float(columns.get("timeout", 10.0))
+
+    def one(text, prompt, test, entry):
+        program = extract_code(text) or (prompt + text)
+        return run_asserts(program, test, [f"check({entry})"], timeout)
+    return _parallel(one, list(zip(comps, prompts, tests, entries)), columns.get("workers"))

@@ -1,0 +1,93 @@
+"""Reward composition: a weighted sum of named verifiers, with None handling, penalties and per-verifier metrics.
+
+None handling follows TRL GRPOTrainer (reference open_r1.md §2): a verifier's None becomes NaN and the weighted sum
+is a ``nansum``, so it contributes 0; a sample whose every term is None stays None (skipped).
+Open-Instruct Tulu 3 (allenai/open-instruct @3dd7a07d, reference open_instruct.md §3.1): ``verify_reward=10`` for a
+verified sample, and when the response did not stop (no EOS) the score is *replaced* by ``penalty_reward_value``
+(-10): see :func:`open_instruct_reward`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from verifiers import get_verifier
+
+
+@dataclass
+class Term:
+    name: str
+    weight: float = 1.0
+    kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
+            raise ValueError(f"weight of {self.name!r} must be a finite number, got {self.weight!r}")
+        get_verifier(self.name)  # unknown names fail here, listing the registered ones
+
+
+def _as_term(spec: Any) -> Term:
+    if isinstance(spec, Term):
+        return spec
+    if isinstance(spec, str):
+        return Term(spec)
+    if isinstance(spec, dict):
+        return Term(**spec)
+    if isinstance(spec, (tuple, list)) and len(spec) in (2, 3):
+        return Term(*spec)
+    raise TypeError(f"a reward term is a name, (name, weight[, kwargs]), a dict or a Term; got {spec!r}")
+
+
+class ComposedReward:
+    """``ComposedReward(["math", ("format", 0.5)])(completions, **columns) -> list[float | None]``.
+
+    ``non_stop_penalty``: if given, samples with ``finished[i] == False`` (pass ``finished=[...]``) get exactly this
+    value (Open-Instruct's override). ``last_metrics`` holds per-verifier mean (over non-None), None rate and the
+    total's mean after each call, named ``rewards/<name>/mean`` etc. like TRL's logs.
+    """
+
+    def __init__(self, terms: Sequence[Any], non_stop_penalty: float | None = None):
+        self.terms = [_as_term(t) for t in terms]
+        if not self.terms:
+            raise ValueError("ComposedReward needs at least one term")
+        self.non_stop_penalty = non_stop_penalty
+        self.last_metrics: dict[str, float] = {}
+
+    def __call__(self, completions, finished: Sequence[bool] | None = None, **columns) -> list[float | None]:
+        n = len(completions)
+        per_term = []
+        for t in self.terms:
+            vals = get_verifier(t.name)(completions, **{**columns, **t.kwargs})
+            if len(vals) != n:
+                raise RuntimeError(f"verifier {t.name!r} returned {len(vals)} rewards for {n} completions")
+            per_term.append(vals)
+        totals = [self._total(i, per_term) for i in range(n)]
+        if self.non_stop_penalty is not None:
+            if finished is None or len(finished) != n:
+                raise ValueError("non_stop_penalty needs finished=[bool per completion]")
+            totals = [t if done else float(self.non_stop_penalty) for t, done in zip(totals, finished)]
+        self._metrics(per_term, totals)
+        return totals
+
+    def _total(self, i: int, per_term: list) -> float | None:
+        vals = [(t.weight, v[i]) for t, v in zip(self.terms, per_term)]
+        if all(v is None for _, v in vals):
+            return None
+        return float(sum(w * v for w, v in vals if v is not None))
+
+    def _metrics(self, per_term: list, totals: list) -> None:
+        m: dict[str, float] = {}
+        for t, vals in zip(self.terms, per_term):
+            ok = [v for v in vals if v is not None]
+            m[f"rewards/{t.name}/mean"] = sum(ok) / len(ok) if ok else float("nan")
+            m[f"rewards/{t.name}/none_frac"] = 1 - len(ok) / len(vals) if vals else 0.0
+        ok = [v for v in totals if v is not None]
+        m["reward/mean"] = sum(ok) / len(ok) if ok else float("nan")
+        self.last_metrics = m
+
+
+def open_instruct_reward(verifier: str, verification_reward: float = 10.0,
+                         penalty_reward_value: float = -10.0) -> ComposedReward:
+    """Tulu 3 RLVR reward: ``verification_reward`` x verified, replaced by the penalty for non-stopped responses."""
+    return ComposedReward([Term(verifier, verification_reward)], non_stop_penalty=penalty_reward_value)
