@@ -10,9 +10,23 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf, open_dict
 
+from core.registry import Registry
+
+# Per-loop batch shrinking (``loop`` -> fn(cfg, scale) mutating cfg.train in place).
+SHRINKERS: Registry = Registry("scale shrinker")
+
 
 def _divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
+
+
+@SHRINKERS.register("rl")
+def shrink_rl(cfg, s) -> None:
+    """RL batch sizes for scale ``s``: optimiser steps per RL step kept; lengths capped."""
+    cfg.train.update(shrink_batches(cfg.train, s))
+    cfg.train.eval_prompts = min(int(cfg.train.eval_prompts) or 8, 8)
+    cfg.rollout.max_new_tokens = min(int(cfg.rollout.max_new_tokens), int(s.max_new_tokens))
+    cfg.rollout.engine = "hf"
 
 
 def shrink_batches(t, s) -> dict:
@@ -44,8 +58,5 @@ def apply_scale(cfg):
         cfg.model.attn_implementation = "sdpa"
         if cfg.data.get("tiny"):
             cfg.data = OmegaConf.merge(cfg.data, cfg.data.tiny)
-        cfg.train.update(shrink_batches(cfg.train, s))
-        cfg.train.eval_prompts = min(int(cfg.train.eval_prompts) or 8, 8)
-        cfg.rollout.max_new_tokens = min(int(cfg.rollout.max_new_tokens), int(s.max_new_tokens))
-        cfg.rollout.engine = "hf"
+        SHRINKERS.get(cfg.loop)(cfg, s)
     return cfg

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -20,13 +21,18 @@ from core.paths import CONF_DIR, PROJECT_ROOT  # noqa: E402
 if not OmegaConf.has_resolver("root"):
     OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
 
-LOOPS = ("rl",)
+_NOT_LOOPS = {"__init__", "run", "compare", "explain", "plan"}
+
+
+def loops() -> list[str]:
+    """Loop names: the modules of this package that are training loops (``recipes/<loop>.py``)."""
+    return sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem not in _NOT_LOOPS)
 
 
 def run(cfg: DictConfig) -> float | None:
     """Dispatch to ``recipes.<loop>.main(cfg)``; the loop validates before building any model."""
-    if cfg.loop not in LOOPS:
-        raise ValueError(f"loop={cfg.loop!r}; expected one of {LOOPS}")
+    if cfg.loop not in loops():
+        raise ValueError(f"loop={cfg.loop!r}; expected one of {loops()}")
     return importlib.import_module(f"recipes.{cfg.loop}").main(cfg)
 
 

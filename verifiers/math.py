@@ -32,9 +32,12 @@ GOLD_COLUMNS = ("answer", "solution", "ground_truth")
 def fast_default(text: str, gold: str) -> float | None:
     """In-process exact path: a plain-number gold (always parseable) against a plain-number boxed answer."""
     gold = str(gold)
+    content = last_boxed_content(text)
+    if content is not None and content.strip() == gold.strip() and gold.strip():
+        # Identical answer text: correct whenever the gold parses (parsed once per distinct gold, in-process).
+        return 1.0 if parse_gold_cached(gold_as_latex(gold)) else None
     if not (gold.strip() and numeric_fast_path(gold, gold) == 1.0):
         return None
-    content = last_boxed_content(text)
     return 0.0 if content is None else numeric_fast_path(content, gold)
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench`` = ``python -m bench``): each ``bench/*_bench.py`` has a ``main()``."""
