@@ -1,7 +1,17 @@
-"""Advantage estimators, keyed by ``advantage.name``.
+"""Advantage estimators and advantage whitening, keyed by ``advantage.name`` / ``advantage.whiten``.
 
 Every estimator takes the same :class:`AdvantageInput` and the ``advantage`` config node and returns
-``(advantages [N, R], returns [N, R])``; the call site only looks the name up.
+``(advantages [N, R], returns [N, R])``; :func:`compute_advantages` is the one call site (estimator,
+then whitening). The pipeline is the one OpenRLHF documents (``OpenRLHF/OpenRLHF@3c3be62``
+``trainer/ppo_utils/experience_maker.py::compute_advantages_and_returns``):
+
+1. group shaping of the scalar score (the estimator's baseline: GRPO z-score, RLOO leave-one-out, ...);
+2. reward clipping (``reward_clip``, applied *after* group shaping);
+3. the score placed at the last response token plus ``-beta * KL_t`` on every token (KL in reward);
+4. returns ``G_t = sum_{k>=t} gamma^(k-t) r_k`` (or GAE with a critic), then optional whitening.
+
+Without KL-in-reward, step 3-4 reduce to broadcasting the shaped score to every response token,
+which is what TRL, veRL and Open-Instruct GRPO do; the two forms agree exactly (tested).
 """
 from __future__ import annotations
 
@@ -9,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from core.registry import Registry
 
@@ -16,15 +27,82 @@ from core.registry import Registry
 @dataclass
 class AdvantageInput:
     scores: torch.Tensor  # [N] one scalar reward per completion; N = prompts x group_size, group-major
-    response_mask: torch.Tensor  # [N, R]
+    response_mask: torch.Tensor  # [N, R] 1 on tokens that count
     group_size: int  # G: completions per prompt, consecutive rows
-    values: torch.Tensor | None = None  # [N, R] critic values (value-model estimators only)
+    values: torch.Tensor | None = None  # [N, R] critic values V(s_t) (value-model estimators only)
+    kl_reward: torch.Tensor | None = None  # [N, R] -beta * KL_t per token (KL placement "reward")
+    reward_clip: tuple[float, float] | None = None  # clamp of the shaped score (OpenRLHF (-10, 10))
 
 
 AdvantageFn = Callable[[AdvantageInput, object], "tuple[torch.Tensor, torch.Tensor]"]
+WhitenFn = Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+WHITENING: Registry[WhitenFn] = Registry("advantage whitening")
 
 
+# ----------------------------------------------------------------------------------- shared steps
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last 1 in each row of ``mask [N, R]`` (0 for an all-zero row)."""
+    R = mask.shape[1]
+    pos = torch.arange(R, device=mask.device).expand_as(mask)  # [N, R]
+    return (pos * (mask > 0)).amax(-1)  # [N]
+
+
+def token_rewards(inp: AdvantageInput, shaped: torch.Tensor) -> torch.Tensor:
+    """OpenRLHF ``models/utils.py::compute_reward``: clip the shaped score, put it at the last
+    response token (the EOS when there is one), add the per-token KL penalty. Returns ``[N, R]``."""
+    mask = inp.response_mask.float()  # [N, R]
+    r = shaped.float()  # [N]
+    if inp.reward_clip is not None:
+        r = r.clamp(float(inp.reward_clip[0]), float(inp.reward_clip[1]))  # [N]
+    rewards = torch.zeros_like(mask)  # [N, R]
+    rewards.scatter_(1, last_token_index(mask).unsqueeze(-1), r.unsqueeze(-1))  # [N, R]
+    if inp.kl_reward is not None:
+        rewards = rewards + inp.kl_reward.float()  # [N, R]
+    return rewards * mask  # [N, R]
+
+
+def _discount_matrix(R: int, factor: float, device) -> torch.Tensor:
+    """``M[k, t] = factor^(k - t)`` for ``k >= t`` else 0, so ``x @ M`` is a discounted suffix sum."""
+    k = torch.arange(R, device=device, dtype=torch.float64)
+    expo = k.view(-1, 1) - k.view(1, -1)  # [R, R] k - t
+    return torch.where(expo >= 0, factor ** expo.clamp(min=0), torch.zeros_like(expo))  # [R, R]
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``G_t = sum_{k>=t} gamma^(k-t) r_k`` (OpenRLHF ``get_cumulative_returns``), vectorised."""
+    rewards = rewards.float() * mask  # [N, R]
+    if gamma == 1.0:
+        return rewards.flip(-1).cumsum(-1).flip(-1) * mask  # [N, R]
+    M = _discount_matrix(rewards.shape[1], gamma, rewards.device)  # [R, R]
+    return (rewards.double() @ M).float() * mask  # [N, R]
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float):
+    """Generalised advantage estimation (Schulman et al. 2016) as OpenRLHF ``get_advantages_and_returns``
+    and Open-Instruct PPO compute it: values and rewards zeroed outside the mask, ``V_{R} = 0``,
+    ``delta_t = r_t + gamma V_{t+1} - V_t``, ``A_t = sum_{k>=t} (gamma lam)^(k-t) delta_k``, ``R = A + V``."""
+    mask = mask.float()  # [N, R]
+    v = values.float() * mask  # [N, R]
+    r = rewards.float() * mask  # [N, R]
+    v_next = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], 1)  # [N, R]
+    delta = r + gamma * v_next - v  # [N, R]
+    M = _discount_matrix(delta.shape[1], gamma * lam, delta.device)  # [R, R]
+    adv = (delta.double() @ M).float()  # [N, R]
+    return adv * mask, (adv + v) * mask
+
+
+def _outcome(inp: AdvantageInput, shaped: torch.Tensor, gamma: float = 1.0):
+    """Outcome-reward estimators: returns of the shaped score (with KL penalty); advantage = return."""
+    ret = discounted_returns(token_rewards(inp, shaped), inp.response_mask, gamma)  # [N, R]
+    return ret, ret
+
+
+def _groups(inp: AdvantageInput) -> torch.Tensor:
+    return inp.scores.float().view(-1, inp.group_size)  # [B, G]
+
+
+# ----------------------------------------------------------------------------------- estimators
 _STD_SCOPES = {
     "group": lambda r, unbiased: r.std(-1, keepdim=True, unbiased=unbiased),  # [B, 1]
     "batch": lambda r, unbiased: r.flatten().std(unbiased=unbiased).expand(r.shape[0], 1),  # [B, 1]
@@ -32,24 +110,112 @@ _STD_SCOPES = {
 }
 
 
-@ADVANTAGES.register("grpo", min_group_size=2)
-def grpo(inp: AdvantageInput, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO group-normalised advantage (Shao et al. 2024, DeepSeekMath eq. 3; TRL ``GRPOTrainer``):
+@ADVANTAGES.register("grpo", min_group_size=2, choices={"std": tuple(_STD_SCOPES)})
+def grpo(inp: AdvantageInput, cfg):
+    """GRPO group-normalised advantage (Shao et al. 2024, DeepSeekMath eq. 3):
     ``A_i = (r_i - mean_group(r)) / (std + eps)``, broadcast to every response token.
 
-    ``cfg.std``: ``group`` (per-group std, TRL/veRL default), ``batch`` (std over the whole batch,
-    TRL ``scale_rewards="batch"``) or ``none`` (no scaling). ``cfg.unbiased_std``: Bessel-corrected
-    std (``torch.std``, TRL) or not. ``cfg.eps``: 1e-4 in TRL, 1e-6 in veRL.
+    ``cfg.std``: ``group`` (TRL ``scale_rewards="group"``, veRL, Open-Instruct), ``batch`` (std over the
+    whole batch, group mean kept: TRL ``scale_rewards="batch"``) or ``none`` (TRL ``"none"``).
+    ``cfg.unbiased_std``: Bessel-corrected ``torch.std`` (TRL, veRL, Open-Instruct gtrl) or population
+    std (Open-Instruct ``grpo_fast`` numpy). ``cfg.eps``: 1e-4 TRL (``huggingface/trl@f2cd577``
+    ``grpo_trainer.py``), 1e-6 veRL (``core_algos.compute_grpo_outcome_advantage``), 1e-8 Open-Instruct,
+    1e-9 OpenRLHF ``group_norm``.
     """
-    r = inp.scores.float().view(-1, inp.group_size)  # [B, G]
+    r = _groups(inp)  # [B, G]
     centred = r - r.mean(-1, keepdim=True)  # [B, G]
-    if cfg.std not in _STD_SCOPES:
-        raise ValueError(f"advantage.std={cfg.std!r}; expected one of {sorted(_STD_SCOPES)}")
     scope = _STD_SCOPES[cfg.std]
-    if scope is None:
-        adv = centred.flatten()  # [N] Dr. GRPO-style: no std scaling
-    else:
-        std = scope(r, bool(cfg.get("unbiased_std", True)))  # [B, 1]
-        adv = (centred / (std + float(cfg.eps))).flatten()  # [N]
-    adv = adv.unsqueeze(-1) * inp.response_mask  # [N, R]
-    return adv, adv
+    if scope is not None:
+        centred = centred / (scope(r, bool(cfg.get("unbiased_std", True))) + float(cfg.eps))  # [B, G]
+    return _outcome(inp, centred.flatten())
+
+
+@ADVANTAGES.register("dr_grpo", min_group_size=2)
+def dr_grpo(inp: AdvantageInput, cfg):
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): ``A_i = r_i - mean_group(r)``,
+    no std division (OpenRLHF ``dr_grpo``, TRL ``scale_rewards="none"``, veRL
+    ``norm_adv_by_std_in_grpo=False``). Pair with aggregation ``token_sum_norm`` for the paper's loss."""
+    r = _groups(inp)  # [B, G]
+    return _outcome(inp, (r - r.mean(-1, keepdim=True)).flatten())
+
+
+@ADVANTAGES.register("rloo", min_group_size=2)
+def rloo(inp: AdvantageInput, cfg):
+    """RLOO (Ahmadian et al. 2024): baseline is the mean of the *other* G-1 samples of the group,
+    ``A_i = r_i - (sum_g r - r_i) / (G - 1)`` (OpenRLHF ``rloo``)."""
+    r = _groups(inp)  # [B, G]
+    baseline = (r.sum(-1, keepdim=True) - r) / (inp.group_size - 1)  # [B, G]
+    return _outcome(inp, (r - baseline).flatten())
+
+
+@ADVANTAGES.register("reinforce_pp", min_group_size=1)
+def reinforce_pp(inp: AdvantageInput, cfg):
+    """REINFORCE++ (Hu 2025, arXiv 2501.03262; OpenRLHF ``reinforce``): no baseline, advantage is the
+    discounted return ``G_t`` of the per-token rewards (score at the end, ``-beta KL_t`` on every
+    token); OpenRLHF then whitens globally (``advantage.whiten: global``)."""
+    return _outcome(inp, inp.scores.float(), float(cfg.get("gamma", 1.0)))
+
+
+@ADVANTAGES.register("reinforce_pp_baseline", min_group_size=2)
+def reinforce_pp_baseline(inp: AdvantageInput, cfg):
+    """REINFORCE++-baseline (OpenRLHF ``reinforce_baseline``): score minus the group mean, then the
+    (gamma = 1) return with the KL penalty, then global whitening."""
+    r = _groups(inp)  # [B, G]
+    return _outcome(inp, (r - r.mean(-1, keepdim=True)).flatten())
+
+
+@ADVANTAGES.register("gae", min_group_size=1, needs_values=True)
+def gae_estimator(inp: AdvantageInput, cfg):
+    """PPO with a critic: GAE over per-token rewards (score at the last token, ``-beta KL_t`` per token)
+    with ``cfg.gamma`` / ``cfg.lam`` (Open-Instruct PPO gamma 1, lambda 0.95; OpenRLHF 1, 1.0)."""
+    if inp.values is None:
+        raise ValueError("advantage.name=gae needs critic values (set advantage.critic)")
+    rewards = token_rewards(inp, inp.scores)  # [N, R]
+    return gae(rewards, inp.values, inp.response_mask, float(cfg.gamma), float(cfg.lam))
+
+
+# ----------------------------------------------------------------------------------- whitening
+def _reduce(*xs: torch.Tensor) -> list[torch.Tensor]:
+    """Sum over data-parallel ranks when a process group is up (a no-op in one process)."""
+    if dist.is_available() and dist.is_initialized():
+        for x in xs:
+            dist.all_reduce(x)
+    return list(xs)
+
+
+@WHITENING.register("none")
+def whiten_none(adv: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:
+    return adv
+
+
+@WHITENING.register("local")
+def whiten_local(adv: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:
+    """Open-Instruct ``model_utils.masked_whiten`` (allenai/open-instruct@3dd7a07d): masked mean and
+    Bessel-corrected masked variance over *this learner's* batch, ``(A - mu) * rsqrt(var + 1e-8)``."""
+    m = mask.float()  # [N, R]
+    n = m.sum()
+    mean = (adv * m).sum() / n
+    var = (((adv - mean) ** 2) * m).sum() / n * (n / (n - 1).clamp(min=1))
+    return (adv - mean) * torch.rsqrt(var + 1e-8) * m  # [N, R]
+
+
+@WHITENING.register("global")
+def whiten_global(adv: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:
+    """OpenRLHF (``experience_maker.py``, v0.9+): token-weighted mean/var over the whole rollout batch
+    of all ranks, population variance clamped at 1e-8; ``advantage.whiten_std: false`` keeps only
+    the centring (``--no_advantage_std_norm``)."""
+    m = mask.float()  # [N, R]
+    s, n = _reduce((adv * m).sum(), m.sum())
+    mean = s / n
+    out = adv - mean  # [N, R]
+    if bool(cfg.get("whiten_std", True)):
+        (sq,) = _reduce((((adv - mean) ** 2) * m).sum())
+        out = out * (sq / n).clamp(min=1e-8).rsqrt()
+    return out * m  # [N, R]
+
+
+def compute_advantages(inp: AdvantageInput, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one call site: the estimator named ``cfg.name``, then the whitening named ``cfg.whiten``."""
+    adv, ret = ADVANTAGES.get(cfg.name)(inp, cfg)  # [N, R], [N, R]
+    adv = WHITENING.get(cfg.get("whiten", "none"))(adv, inp.response_mask, cfg)  # [N, R]
+    return adv * inp.response_mask, ret

@@ -16,9 +16,12 @@ def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temp
     Returns ``(logprobs [N, R], entropy [N, R] or None)``; position ``t`` scores token ``P + t`` from
     the logits at ``P + t - 1``. Entropy is of the full temperature-scaled distribution.
     """
+    R = input_ids.shape[1] - prompt_length
+    # logits only where they score a response token (TRL's ``logits_to_keep``): the LM head and the
+    # softmax skip the prompt positions
     out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask), use_cache=False)
-    logits = out.logits[:, prompt_length - 1:-1].float()  # [N, R, V]
+                position_ids=position_ids(attention_mask), use_cache=False, logits_to_keep=R + 1)
+    logits = out.logits[:, :-1].float()  # [N, R, V]
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, -1)  # [N, R, V]

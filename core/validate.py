@@ -1,24 +1,86 @@
-"""Config checks that run before any model is built: batch arithmetic and registry names.
+"""Config checks that run before any model is built: batch arithmetic, registry names and
+incompatible combinations.
 
 Every problem found is collected and raised together, each naming the keys and values that clash.
 """
 from __future__ import annotations
 
-from core.advantage import ADVANTAGES
-from core.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from core.advantage import ADVANTAGES, WHITENING
+from core.kl_control import KL_CONTROLLERS
+from core.loss import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 
 class ConfigError(ValueError):
     """A config that cannot run; the message lists every problem found."""
 
 
+KL_PLACEMENTS = ("reward", "loss")
+_NAMED = (("advantage.name", ADVANTAGES), ("advantage.whiten", WHITENING), ("loss.name", POLICY_LOSSES),
+          ("loss.aggregation", AGGREGATIONS), ("loss.is_correction.mode", IS_CORRECTIONS),
+          ("kl.estimator", KL_ESTIMATORS), ("kl.controller", KL_CONTROLLERS))
+_DEFAULTS = {"advantage.whiten": "none", "loss.is_correction.mode": "none", "kl.controller": "fixed"}
+
+
+def _select(cfg, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = node.get(part) if node is not None and hasattr(node, "get") else None
+    return _DEFAULTS.get(key) if node is None else node
+
+
 def _check_names(cfg, errors: list[str]) -> None:
-    for key, reg in (("advantage.name", ADVANTAGES), ("loss.name", POLICY_LOSSES),
-                     ("loss.aggregation", AGGREGATIONS), ("kl.estimator", KL_ESTIMATORS)):
-        group, field = key.split(".")
-        name = cfg[group][field]
+    for key, reg in _NAMED:
+        name = _select(cfg, key)
         if name not in reg:
             errors.append(f"{key}={name!r} is not registered; choose one of {reg.names()}")
+    if cfg.kl.placement not in KL_PLACEMENTS:
+        errors.append(f"kl.placement={cfg.kl.placement!r}; choose one of {list(KL_PLACEMENTS)}")
+    if cfg.advantage.name in ADVANTAGES:  # per-estimator option values declared at registration
+        for key, allowed in ADVANTAGES.meta(cfg.advantage.name).get("choices", {}).items():
+            if cfg.advantage.get(key) not in allowed:
+                errors.append(f"advantage.{key}={cfg.advantage.get(key)!r} with advantage.name={cfg.advantage.name}; "
+                              f"choose one of {sorted(allowed)}")
+
+
+def _check_critic(cfg, errors: list[str]) -> None:
+    needs = ADVANTAGES.meta(cfg.advantage.name).get("needs_values", False)
+    has = bool(cfg.advantage.get("critic"))
+    if needs and not has:
+        errors.append(f"advantage.name={cfg.advantage.name} needs a value model but advantage.critic is not set "
+                      f"(use the config option advantage={cfg.advantage.name}, which defines it)")
+    if has and not needs:
+        errors.append(f"advantage.critic is set but advantage.name={cfg.advantage.name} does not use values "
+                      f"(only {[n for n in ADVANTAGES.names() if ADVANTAGES.meta(n).get('needs_values')]} do)")
+
+
+def _check_kl(cfg, errors: list[str]) -> None:
+    kl, coef = cfg.kl, float(cfg.kl.coef)
+    ref = kl.get("reference", "auto")
+    if ref not in ("auto", True, False):
+        errors.append(f"kl.reference={ref!r}; choose auto, true or false")
+    if ref is True and coef == 0:
+        errors.append(f"kl.reference=true with kl.coef=0 (kl.placement={kl.placement}): a reference model would "
+                      f"be built but never used; set kl.coef > 0 or kl.reference=auto")
+    if ref is False and coef > 0:
+        errors.append(f"kl.reference=false with kl.coef={coef}: the KL penalty needs the reference model")
+    controller = _select(cfg, "kl.controller")
+    if controller in KL_CONTROLLERS and KL_CONTROLLERS.meta(controller).get("needs_target"):
+        if kl.placement != "reward":
+            errors.append(f"kl.controller={controller} with kl.placement={kl.placement}: the adaptive controller "
+                          f"tunes the in-reward penalty (OpenRLHF, veRL); use kl.placement=reward")
+        if not kl.get("target") or float(kl.target) <= 0 or not kl.get("horizon"):
+            errors.append(f"kl.controller={controller} needs kl.target > 0 and kl.horizon > 0")
+
+
+def _check_loss(cfg, errors: list[str]) -> None:
+    loss = cfg.loss
+    if float(loss.clip_low) < 0 or float(loss.clip_low) >= 1 or float(loss.clip_high) < 0:
+        errors.append(f"loss.clip_low={loss.clip_low} must be in [0, 1) and loss.clip_high={loss.clip_high} >= 0")
+    if loss.get("dual_clip") and float(loss.dual_clip) <= 1:
+        errors.append(f"loss.dual_clip={loss.dual_clip} must be > 1 (or null to disable)")
+    isc = loss.get("is_correction") or {}
+    if isc.get("mode", "none") != "none" and not isc.get("high"):
+        errors.append(f"loss.is_correction.mode={isc.get('mode')} needs loss.is_correction.high")
 
 
 def rl_batch_plan(cfg, world_size: int = 1) -> dict[str, int]:
@@ -35,16 +97,24 @@ def rl_batch_plan(cfg, world_size: int = 1) -> dict[str, int]:
     }
 
 
+def _raise(errors: list[str]) -> None:
+    if errors:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
 def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dict[str, int]:
-    """Raise :class:`ConfigError` unless the RL batch sizes divide; return the batch plan."""
+    """Raise :class:`ConfigError` unless names resolve, combinations fit and batch sizes divide;
+    return the batch plan."""
     t, errors = cfg.train, []
     _check_names(cfg, errors)
     for key in ("total_steps", "prompts_per_step", "group_size", "mini_batch_size", "micro_batch_size",
                 "ppo_epochs", "logprob_micro_batch_size"):
         if int(t[key]) < 1:
             errors.append(f"train.{key}={t[key]} must be >= 1")
-    if errors:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+    _raise(errors)
+    _check_critic(cfg, errors)
+    _check_kl(cfg, errors)
+    _check_loss(cfg, errors)
     samples = int(t.prompts_per_step) * int(t.group_size)
     min_group = ADVANTAGES.meta(cfg.advantage.name).get("min_group_size", 1)
     if int(t.group_size) < min_group:
@@ -59,6 +129,5 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
     if num_train_rows is not None and int(t.prompts_per_step) > num_train_rows:
         errors.append(f"train.prompts_per_step={t.prompts_per_step} is larger than the training set "
                       f"({num_train_rows} rows after filtering)")
-    if errors:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+    _raise(errors)
     return rl_batch_plan(cfg, world_size)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from core.scale import apply_scale
 from core.sft import warm_started_dir
 from core.zero import build_engine as build_optim_engine
 from verifiers import get_verifier
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -237,6 +240,8 @@ def save(run: Run) -> float:
     }
     (run.run_dir / "summary.json").write_text(json.dumps(row, indent=1))
     append_row(Path(cfg.paths.results_dir), row)
+    log.info("greedy held-out accuracy: before RL %.3f, after RL %.3f (%d steps, %.1f s); run dir %s",
+             h["eval_before"], h["eval_after"], run.step, h["train_seconds"], run.run_dir)
     return h["eval_after"] if not math.isnan(h["eval_after"]) else 0.0
 
 

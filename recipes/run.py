@@ -7,7 +7,6 @@ loop's objective so Hydra sweepers can optimise it.
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 from pathlib import Path
 
@@ -36,9 +35,22 @@ def run(cfg: DictConfig) -> float | None:
     return importlib.import_module(f"recipes.{cfg.loop}").main(cfg)
 
 
+def _quiet() -> None:
+    """Keep the console to our own progress bar and summary: no per-load bars or backend banners."""
+    import torch
+    import transformers
+    from huggingface_hub.utils import disable_progress_bars
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, silently
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    disable_progress_bars()
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    logging.getLogger("transformers").setLevel(logging.ERROR)
+    _quiet()
     return run(cfg)
 
 

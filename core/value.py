@@ -1,0 +1,61 @@
+"""The critic for PPO with GAE: a scalar value head on the policy architecture, and its loss.
+
+The critic is an ``AutoModelForSequenceClassification`` with ``num_labels = 1`` whose score head is
+applied to *every* position, as Open-Instruct does (allenai/open-instruct@3dd7a07d
+``model_utils.get_reward``: backbone hidden states -> ``model.score``). It is loaded from
+``advantage.critic.init_from`` (a reward-model folder, Open-Instruct's and OpenRLHF's default) or
+else from the policy checkpoint with a fresh head (OpenRLHF ``critic_pretrain`` = actor; head
+initialised N(0, 1/(hidden+1)), ``openrlhf/models/model.py``).
+"""
+from __future__ import annotations
+
+import torch
+
+from core.policy import position_ids
+
+
+def load_critic(policy_path: str, critic_cfg, model_cfg):
+    """The value model: from ``critic_cfg.init_from`` if set, else the policy weights plus a new head."""
+    from transformers import AutoModelForSequenceClassification
+
+    path = critic_cfg.get("init_from") or policy_path
+    model = AutoModelForSequenceClassification.from_pretrained(
+        str(path), num_labels=1, attn_implementation=model_cfg.get("attn_implementation", "sdpa"),
+        dtype=torch.float32)
+    if not critic_cfg.get("init_from"):
+        with torch.no_grad(), torch.random.fork_rng():
+            torch.manual_seed(int(critic_cfg.get("head_seed", 0)))
+            model.score.weight.normal_(0.0, 1.0 / (model.config.hidden_size + 1))
+    model.config.pad_token_id = model.config.pad_token_id or 0
+    return model
+
+
+def token_values(critic, input_ids, attention_mask, prompt_length: int) -> torch.Tensor:
+    """``V(s_t)`` for each response position ``t``: the head on the hidden state that predicts token
+    ``P + t`` (positions ``P - 1 .. T - 2``, aligned with the log-probs). Returns ``[N, R]``."""
+    backbone = getattr(critic, critic.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
+                      position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # [N, T, H]
+    return critic.score(hidden[:, prompt_length - 1:-1]).squeeze(-1).float()  # [N, R]
+
+
+@torch.no_grad()
+def chunked_values(critic, input_ids, attention_mask, prompt_length: int, micro_batch_size: int):
+    """No-grad :func:`token_values` in chunks (the rollout-phase critic forward). ``[N, R]``."""
+    was_training = critic.training
+    critic.eval()
+    outs = [token_values(critic, input_ids[i:i + micro_batch_size], attention_mask[i:i + micro_batch_size],
+                         prompt_length) for i in range(0, input_ids.shape[0], micro_batch_size)]
+    critic.train(was_training)
+    return torch.cat(outs)  # [N, R]
+
+
+def value_loss(values, old_values, returns, clip) -> torch.Tensor:
+    """Per-token clipped value loss (OpenRLHF ``models/loss.py::ValueLoss``, Open-Instruct PPO):
+    ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2)``; ``clip`` null = unclipped.
+    Returns ``[N, R]``; the caller aggregates and multiplies by ``critic.coef``."""
+    unclipped = (values - returns) ** 2  # [N, R]
+    if not clip:
+        return 0.5 * unclipped  # [N, R]
+    v_clip = old_values + (values - old_values).clamp(-float(clip), float(clip))  # [N, R]
+    return 0.5 * torch.maximum(unclipped, (v_clip - returns) ** 2)  # [N, R]

@@ -1,0 +1,44 @@
+"""Shared test helpers: a tiny model, and running the real CLI in a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from core.paths import PROJECT_ROOT
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 256, "tie_word_embeddings": True}
+
+
+def tiny_model(arch: str = "qwen2", seed: int = 0):
+    from core.models import load_causal_lm, load_tokenizer, model_dir
+
+    cfg = OmegaConf.create({"name_or_path": None, "arch": arch, "tiny": TINY, "init_seed": seed})
+    path = model_dir(cfg)
+    return load_causal_lm(path, cfg), load_tokenizer(path)
+
+
+# Small, fast settings for end-to-end runs of the real CLI.
+FAST = ["logger.progress=false", "logger.tensorboard=false", "train.total_steps=2", "train.prompts_per_step=4",
+        "train.group_size=4", "train.mini_batch_size=16", "train.micro_batch_size=8", "train.eval_prompts=8",
+        "train.warm_start.steps=5", "data.generator.num_train=64", "data.generator.num_eval=8",
+        "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64"]
+
+
+def run_cli(tmp: Path, *overrides: str, multirun: bool = False, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m recipes.run`` with outputs under ``tmp`` (run dir, results table)."""
+    dirs = [f"hydra.sweep.dir={tmp}/sweep"] if multirun else [f"hydra.run.dir={tmp}/run"]
+    cmd = [sys.executable, "-m", "recipes.run", *(["-m"] if multirun else []), *dirs,
+           f"paths.results_dir={tmp}/results", *overrides]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def results(tmp: Path) -> list[dict]:
+    path = Path(tmp) / "results" / "runs.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
