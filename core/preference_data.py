@@ -24,7 +24,8 @@ PAIR_SOURCES: Registry = Registry("data.source (preference pairs)")
 @PAIR_SOURCES.register("copy_digits")
 def copy_digits(cfg) -> list[dict]:
     """A crisp generated task: ``"copy 4831:"`` -> chosen ``" 4831"`` (the correct answer), rejected
-    the same digits with ``generator.corrupt`` of them changed (a wrong answer). Seeded, no files."""
+    the same digits with ``generator.corrupt`` of them replaced by digits the prompt does not hold (a
+    wrong answer). Seeded, no files."""
     g = cfg.generator
     rng = random.Random(int(g.seed))
     rows = []
@@ -32,7 +33,7 @@ def copy_digits(cfg) -> list[dict]:
         digits = "".join(rng.choice("0123456789") for _ in range(int(g.length)))
         wrong = list(digits)
         for pos in rng.sample(range(len(digits)), int(g.corrupt)):
-            wrong[pos] = rng.choice([d for d in "0123456789" if d != digits[pos]])
+            wrong[pos] = rng.choice([d for d in "0123456789" if d not in digits])
         prompt = f"copy {digits}:"
         rows.append({"chosen": f"{prompt} {digits}", "rejected": f"{prompt} {''.join(wrong)}"})
     return rows
@@ -161,14 +162,16 @@ def _text_of(x) -> str:
 
 
 def tokenize_text(x, tokenizer, cfg) -> list[int]:
-    """Token ids of one side: a string as is (plus EOS when ``data.append_eos``), or chat messages
-    through the tokenizer's chat template."""
+    """Token ids of one side: chat messages rendered by the tokenizer's chat template, then (when
+    ``data.append_eos``) trailing newlines stripped and EOS appended if missing, as OpenRLHF does."""
     if isinstance(x, list):
         if not cfg.apply_chat_template:
             raise DataError("data: a pair holds chat messages but data.apply_chat_template is false")
-        return list(tokenizer.apply_chat_template(x, tokenize=True, return_dict=False))
-    if cfg.get("append_eos") and not x.endswith(tokenizer.eos_token):
-        x = x + cfg.get("eos_separator", "") + tokenizer.eos_token  # OpenRLHF: " " + eos when missing
+        x = tokenizer.apply_chat_template(x, tokenize=False)
+    if cfg.get("append_eos"):
+        x = x.rstrip("\n")
+        if not x.endswith(tokenizer.eos_token):
+            x = x + cfg.get("eos_separator", "") + tokenizer.eos_token
     ids = tokenizer(x, add_special_tokens=False)["input_ids"]
     if cfg.get("add_bos") and tokenizer.bos_token_id is not None:
         ids = [tokenizer.bos_token_id] + ids

@@ -6,7 +6,9 @@ covers generated tokens up to and including the first EOS, per-token sampling lo
 reason per sample (``stop``: EOS emitted; ``length``: cut at ``max_new_tokens``).
 
 Engines are registered by config name (``rollout.engine``): ``hf`` (Hugging Face ``generate``, CPU or
-GPU) here, ``vllm`` in :mod:`core.rollout_vllm` (GPU only, imported lazily).
+GPU) and ``torch`` (a lean KV-cached sampling loop on the same model that prefills each distinct
+prompt once and shares its cache across the group) here, ``vllm`` in :mod:`core.rollout_vllm` (GPU
+only, imported lazily).
 """
 from __future__ import annotations
 
@@ -180,3 +182,89 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         finish_reason=sum((p.finish_reason for p in parts), []),
         prompt_length=P,
     )
+
+
+def _sample(logits: torch.Tensor, sp: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token and its log-prob under ``log_softmax(logits / T)`` (before top-k/top-p truncation,
+    as :class:`HFEngine` reports it). Truncation order as HF: temperature, top-k, top-p."""
+    if sp.temperature <= 0:
+        tok = logits.argmax(-1)  # [N]
+        return tok, torch.log_softmax(logits.float(), -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+    scaled = logits.float() / sp.temperature  # [N, V]
+    logp = torch.log_softmax(scaled, -1)  # [N, V]
+    trunc = scaled
+    if sp.top_k > 0:
+        kth = torch.topk(trunc, min(sp.top_k, trunc.shape[-1]), -1).values[:, -1:]  # [N, 1]
+        trunc = trunc.masked_fill(trunc < kth, float("-inf"))
+    if sp.top_p < 1.0:
+        srt, order = torch.sort(trunc, -1, descending=True)  # [N, V]
+        cum = torch.softmax(srt, -1).cumsum(-1)  # [N, V]
+        drop = (cum - torch.softmax(srt, -1)) > sp.top_p  # keep the smallest prefix reaching top_p
+        trunc = trunc.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    tok = torch.multinomial(torch.softmax(trunc, -1), 1).squeeze(-1)  # [N]
+    return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+def _distinct_runs(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Collapse runs of identical consecutive prompts (a GRPO group) to one prompt and a count."""
+    uniq, counts = [], []
+    for p in prompts:
+        if uniq and p == uniq[-1]:
+            counts[-1] += 1
+        else:
+            uniq.append(p)
+            counts.append(1)
+    return uniq, counts
+
+
+@register_engine("torch")
+class TorchEngine(HFEngine):
+    """KV-cached sampling written out in torch, on the training model itself.
+
+    Where the time goes with ``generate`` on small models (profiled in docs/performance.md): per-token
+    logits processors, stopping criteria and cache bookkeeping, plus a prefill of every copy of a
+    prompt. Here each distinct prompt is prefilled once and its cache repeated for the group, then
+    one forward per new token; the log-probs come from the same logits that were sampled from.
+    Same :class:`Rollout` layout and sampling semantics as :class:`HFEngine`.
+    """
+
+    def _generate_chunk(self, prompts: list[list[int]], sp: Sampling) -> Rollout:
+        from core.policy import position_ids
+
+        pad, model = self.tokenizer.pad_token_id, self.model
+        uniq, counts = _distinct_runs(prompts)
+        ids, mask = left_pad(uniq, pad)  # [u, P]
+        device = next(model.parameters()).device
+        ids, mask = ids.to(device), mask.to(device)
+        was_training = model.training
+        model.eval()
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
+                    logits_to_keep=1)
+        rep = torch.tensor(counts, device=device)
+        cache = out.past_key_values
+        cache.reorder_cache(torch.arange(len(uniq), device=device).repeat_interleave(rep))  # [N, ...]
+        ids, mask = ids.repeat_interleave(rep, 0), mask.repeat_interleave(rep, 0)  # [N, P]
+        logits = out.logits[:, -1].repeat_interleave(rep, 0)  # [N, V]
+        resp, logp = self._decode(model, cache, logits, mask, sp, pad)  # [N, R] x2
+        model.train(was_training)
+        return assemble(ids.cpu(), mask.cpu(), resp.cpu(), self.eos_ids, pad, logp.float().cpu())
+
+    def _decode(self, model, cache, logits, mask, sp: Sampling, pad: int):
+        """One forward per new token until every row emitted an EOS or ``max_new_tokens``."""
+        N, device = logits.shape[0], logits.device
+        eos = torch.tensor(self.eos_ids, device=device)
+        pos = mask.sum(-1, keepdim=True)  # [N, 1] next position (left padding skipped)
+        done = torch.zeros(N, dtype=torch.bool, device=device)
+        toks, lps = [], []
+        for t in range(sp.max_new_tokens):
+            tok, lp = _sample(logits, sp)  # [N], [N]
+            tok = tok.masked_fill(done, pad)
+            toks.append(tok)
+            lps.append(lp)
+            done = done | torch.isin(tok, eos)
+            if bool(done.all()) or t == sp.max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)  # [N, P + t + 1]
+            logits = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=pos + t,
+                           past_key_values=cache, use_cache=True).logits[:, -1]  # [N, V]
+        return torch.stack(toks, 1), torch.stack(lps, 1)  # [N, R]

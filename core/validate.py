@@ -111,12 +111,15 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
                 "ppo_epochs", "logprob_micro_batch_size"):
         if int(t[key]) < 1:
             errors.append(f"train.{key}={t[key]} must be >= 1")
-    _raise(errors)
-    _check_critic(cfg, errors)
+    if any(e.startswith("train.") for e in errors):
+        _raise(errors)  # the arithmetic below divides by these
     _check_kl(cfg, errors)
     _check_loss(cfg, errors)
     samples = int(t.prompts_per_step) * int(t.group_size)
-    min_group = ADVANTAGES.meta(cfg.advantage.name).get("min_group_size", 1)
+    known = cfg.advantage.name in ADVANTAGES
+    if known:
+        _check_critic(cfg, errors)
+    min_group = ADVANTAGES.meta(cfg.advantage.name).get("min_group_size", 1) if known else 1
     if int(t.group_size) < min_group:
         errors.append(f"train.group_size={t.group_size}: advantage.name={cfg.advantage.name} compares "
                       f"completions of one prompt and needs group_size >= {min_group}")

@@ -2,7 +2,9 @@
 
 Both expose the same calls, so a loop never branches on the backend:
 
-- ``engine.module``: the model to call forward on;
+- ``engine.model``: what to call for a training forward (DeepSpeed's engine wraps the module so
+  ZeRO-3 can gather partitioned parameters; calling the bare module there gives wrong gradients);
+- ``engine.module``: the underlying model, for generation, saving and attributes;
 - ``engine.backward(loss)``: once per micro-batch; ``loss`` must already carry its share of the
   optimiser step's normaliser (the aggregation divides by accumulation steps or token counts), so
   no backend rescales it again;
@@ -42,7 +44,7 @@ class TorchEngine:
     """Single-process torch: the reference path every other backend must agree with."""
 
     def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int = 1):
-        self.module = model
+        self.module = self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, optim_cfg)
         self.scheduler = build_scheduler(self.optimizer, optim_cfg.scheduler, total_steps)
@@ -117,16 +119,23 @@ class DeepSpeedEngine:
         scheduler = build_scheduler(optimizer, optim_cfg.scheduler, total_steps)
         world = dist.get_world_size() if dist.is_initialized() else 1
         ds_cfg = deepspeed_config(zero_cfg, optim_cfg, micro_batch, grad_accum, world)
+        self.grad_accum, self._micro = grad_accum, 0
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
-        self.module = self.engine.module
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
+        self.model, self.module = self.engine, self.engine.module
 
     def backward(self, loss: torch.Tensor) -> None:
         # The loss already carries its accumulation normaliser: stop DeepSpeed dividing by GAS again.
+        # DeepSpeed counts the micro-steps itself and steps at the boundary (its documented pattern:
+        # backward + step per micro-batch); step() below only checks the count and reports.
+        self._micro += 1
         self.engine.backward(loss, scale_wrt_gas=False)
-        self.engine.step()  # a no-op except at the accumulation boundary, where it steps
+        self.engine.step()
 
     def step(self) -> dict[str, float]:
+        if self._micro != self.grad_accum:
+            raise RuntimeError(f"step() after {self._micro} micro-batches; the engine was built for {self.grad_accum}")
+        self._micro = 0
         norm = self.engine.get_global_grad_norm()
         lr = self.scheduler.get_last_lr()[0] if self.scheduler is not None else float("nan")
         return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}

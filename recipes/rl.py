@@ -20,10 +20,11 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from core import data as D
-from core import validate
-from core.advantage import ADVANTAGES, AdvantageInput
+from core import shaping, validate
+from core.advantage import AdvantageInput, compute_advantages
 from core.checkpoint import load_training_state, save_training_state, seed_everything
-from core.loss import AggContext, LossInput, compute_policy_loss
+from core.kl_control import KLController
+from core.loss import AGGREGATIONS, AggContext, LossInput, compute_policy_loss, kl_penalty, masked_mean
 from core.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
 from core.models import load_causal_lm, load_tokenizer, model_dir
 from core.policy import chunked_logprobs, response_logprobs
@@ -31,6 +32,7 @@ from core.results import append_row
 from core.rollout import Rollout, Sampling, build_engine
 from core.scale import apply_scale
 from core.sft import warm_started_dir
+from core.value import chunked_values, load_critic, token_values, value_loss
 from core.zero import build_engine as build_optim_engine
 from verifiers import get_verifier
 
@@ -53,24 +55,28 @@ class Run:
     verifier: object
     sampler: D.PromptSampler
     writer: MetricsWriter
+    critic: object = None  # optimiser engine of the value model (advantage.critic), else None
+    kl_ctl: KLController | None = None
     step: int = 0
     history: dict = field(default_factory=dict)
 
 
-def main(cfg) -> float:
-    """Setup, train, save; returns the final greedy held-out accuracy (the sweep objective)."""
-    run = setup(cfg)
+def main(cfg, run_dir: str | None = None) -> float:
+    """Setup, train, save; returns the final greedy held-out accuracy (the sweep objective).
+    ``run_dir`` defaults to Hydra's run dir (given explicitly by tests that compose configs)."""
+    run = setup(cfg, run_dir)
     train(run)
     return save(run)
 
 
-def setup(cfg) -> Run:
+def setup(cfg, run_dir: str | None = None) -> Run:
     cfg = apply_scale(cfg)
     seed_everything(int(cfg.seed))
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
     plan = validate.check_rl(cfg, world_size=1, num_train_rows=len(train_rows))  # before any model
     verifier = get_verifier(cfg.verifier.name)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir = Path(run_dir or HydraConfig.get().runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
@@ -80,16 +86,33 @@ def setup(cfg) -> Run:
         path = str(warm_started_dir(path, cfg.model, cfg.train.warm_start, train_ids,
                                     [r["answer"] for r in train_rows]))
     model = load_causal_lm(path, cfg.model)
-    ref = _frozen_copy(model) if float(cfg.kl.coef) > 0 else None  # k = 0: no reference at all
+    ref = _frozen_copy(model) if _wants_reference(cfg.kl) else None  # beta = 0: no reference at all
     total_updates = int(cfg.train.total_steps) * plan["optimizer_steps_per_rl_step"]
     engine = build_optim_engine(model, cfg.optim, cfg.zero, total_updates, plan["grad_accum"],
                                 int(cfg.train.micro_batch_size))
     run = Run(cfg, run_dir, plan, train_rows, eval_rows, train_ids, eval_ids, tokenizer, engine, ref,
               build_engine(cfg.rollout.engine, engine.module, tokenizer, cfg.rollout), verifier,
               D.PromptSampler(len(train_rows), int(cfg.train.prompts_per_step), int(cfg.seed)),
-              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard)))
+              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard)),
+              critic=_build_critic(cfg, path, total_updates, plan), kl_ctl=KLController(cfg.kl))
     _maybe_resume(run)
     return run
+
+
+def _wants_reference(kl_cfg) -> bool:
+    """``kl.reference``: auto builds the reference iff beta > 0 (OpenRLHF, TRL skip it at 0)."""
+    ref = kl_cfg.get("reference", "auto")
+    return float(kl_cfg.coef) > 0 if ref == "auto" else bool(ref)
+
+
+def _build_critic(cfg, policy_path: str, total_updates: int, plan: dict):
+    """The value model's own optimiser engine (``advantage.critic``; its own LR), or None."""
+    critic_cfg = cfg.advantage.get("critic")
+    if not critic_cfg:
+        return None
+    optim = OmegaConf.merge(cfg.optim, {"optimizer": {"lr": float(critic_cfg.lr)}})
+    return build_optim_engine(load_critic(policy_path, critic_cfg, cfg.model), optim, cfg.zero, total_updates,
+                              plan["grad_accum"], int(cfg.train.micro_batch_size))
 
 
 def _frozen_copy(model):
@@ -134,6 +157,7 @@ def train(run: Run) -> None:
 
 
 def rl_step(run: Run) -> dict:
+    """One RL step: sample, score and shape, rollout-phase forwards, advantages, updates."""
     cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
     idx = run.sampler.next()
     rows = [run.train_rows[i] for i in idx for _ in range(G)]  # group-major: G consecutive rows per prompt
@@ -141,20 +165,28 @@ def rl_step(run: Run) -> dict:
         roll = run.rollout.generate([run.train_ids[i] for i in idx for _ in range(G)],
                                     Sampling.from_cfg(cfg.rollout))
     with timer.phase("verify"):
-        scores, valid = score(run, roll, rows)  # [N], [N]
-    mask = roll.response_mask * valid.unsqueeze(-1)  # [N, R] skipped samples (None reward) drop out
+        raw, valid = score(run, roll, rows)  # [N], [N]
+    stopped = torch.tensor([r == "stop" for r in roll.finish_reason])  # [N]
+    # skipped samples (None reward) drop out of the loss; then the score-level shaping
+    scores, mask = shaping.shape(raw, roll.response_mask * valid.unsqueeze(-1), stopped,
+                                 int(cfg.rollout.max_new_tokens), cfg.train.shaping)  # [N], [N, R]
     with timer.phase("logprobs"):
-        old, ref = reference_logprobs(run, roll)
-    adv, _ = ADVANTAGES.get(cfg.advantage.name)(AdvantageInput(scores, mask, G), cfg.advantage)  # [N, R]
+        fw = rollout_forwards(run, roll)
+    kl_reward, kl_metrics = in_reward_kl(run, fw, mask)  # [N, R] or None
+    clip = cfg.train.shaping.get("reward_clip")
+    adv, ret = compute_advantages(AdvantageInput(scores, mask, G, fw.values, kl_reward,
+                                                 tuple(clip) if clip else None), cfg.advantage)  # [N, R] x2
     with timer.phase("update"):
-        upd = update(run, roll, mask, adv, old, ref)
+        upd = update(run, roll, mask, adv, ret, fw)
+    beta = run.kl_ctl.update(kl_metrics.get("kl_reward", upd.get("kl", 0.0)), roll.input_ids.shape[0])
     lengths = roll.response_lengths.float()
     return {
-        "reward/mean": scores[valid].mean().item(), "reward/std": scores[valid].std().item() if valid.sum() > 1 else 0.0,
-        "reward/skipped": int((~valid).sum()), "accuracy": (scores[valid] > 0).float().mean().item(),
+        "reward/mean": raw[valid].mean().item(), "reward/std": raw[valid].std().item() if valid.sum() > 1 else 0.0,
+        "reward/shaped_mean": scores[valid].mean().item(),
+        "reward/skipped": int((~valid).sum()), "accuracy": (raw[valid] > 0).float().mean().item(),
         "length/mean": lengths.mean().item(), "length/max": lengths.max().item(),
-        "length/truncated_frac": sum(r == "length" for r in roll.finish_reason) / len(roll.finish_reason),
-        **upd, **timer.pop(), "memory/peak_mb": peak_memory_mb(),
+        "length/truncated_frac": 1.0 - stopped.float().mean().item(), "kl/beta": beta,
+        **kl_metrics, **upd, **timer.pop(), "memory/peak_mb": peak_memory_mb(),
     }
 
 
@@ -172,44 +204,92 @@ def decode_responses(tokenizer, roll: Rollout) -> list[str]:
     return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
-def reference_logprobs(run: Run, roll: Rollout):
-    """Old-policy log-probs (only when a rollout feeds several optimiser steps; with one step the
-    policy has not moved, so ``old = current.detach()`` exactly, as TRL does) and reference ones."""
-    t, temp = run.cfg.train, float(run.cfg.rollout.temperature) or 1.0
-    old = None
-    if run.plan["optimizer_steps_per_rl_step"] > 1:
-        old = chunked_logprobs(run.engine.module, roll.input_ids, roll.attention_mask, roll.prompt_length,
-                               temp, int(t.logprob_micro_batch_size))
-    ref = None
-    if run.ref is not None:
-        ref = chunked_logprobs(run.ref, roll.input_ids, roll.attention_mask, roll.prompt_length, temp,
-                               int(t.logprob_micro_batch_size))
-    return old, ref
+@dataclass
+class Forwards:
+    """Rollout-phase no-grad forwards, each ``[N, R]`` or None when nothing needs it."""
+
+    old: torch.Tensor | None  # trainer log-probs before the updates (PPO pi_old)
+    ref: torch.Tensor | None  # reference policy log-probs
+    values: torch.Tensor | None  # critic values (stored: V_old of the value clip)
+    rollout: torch.Tensor  # sampler log-probs (the IS correction's denominator)
 
 
-def update(run: Run, roll: Rollout, mask, adv, old, ref) -> dict:
-    """``ppo_epochs`` passes of mini-batch optimiser steps, each from ``grad_accum`` micro-batches."""
-    t, engine = run.cfg.train, run.engine
+def rollout_forwards(run: Run, roll: Rollout) -> Forwards:
+    """Old-policy log-probs only when something needs them: several optimiser steps per rollout, an IS
+    correction, or KL in the reward. Otherwise the policy has not moved at the first (only) step, so
+    ``old = current.detach()`` exactly, as TRL does. Reference and critic forwards when those exist.
+    All chunked by ``train.logprob_micro_batch_size`` (the sources' forward micro-batch knob)."""
+    cfg, mb = run.cfg, int(run.cfg.train.logprob_micro_batch_size)
+    temp = float(cfg.rollout.temperature) or 1.0
+    args = (roll.input_ids, roll.attention_mask, roll.prompt_length)
+    is_mode = (cfg.loss.get("is_correction") or {}).get("mode", "none")
+    need_old = (run.plan["optimizer_steps_per_rl_step"] > 1 or is_mode != "none"
+                or (run.ref is not None and cfg.kl.placement == "reward"))
+    return Forwards(
+        old=chunked_logprobs(run.engine.module, *args, temp, mb) if need_old else None,
+        ref=chunked_logprobs(run.ref, *args, temp, mb) if run.ref is not None else None,
+        values=chunked_values(run.critic.module, *args, mb) if run.critic is not None else None,
+        rollout=roll.logprobs,
+    )
+
+
+def in_reward_kl(run: Run, fw: Forwards, mask) -> tuple[torch.Tensor | None, dict]:
+    """``-beta KL_t(pi_old || pi_ref)`` per token when ``kl.placement == "reward"`` (OpenRLHF
+    ``compute_reward``, Open-Instruct PPO ``non_score_reward``), else None."""
+    if fw.ref is None or run.cfg.kl.placement != "reward":
+        return None, {}
+    kl = kl_penalty(fw.old, fw.ref, run.cfg.kl) * mask  # [N, R]
+    return -run.kl_ctl.beta * kl, {"kl_reward": (kl.sum() / mask.sum().clamp(min=1)).item()}
+
+
+def update(run: Run, roll: Rollout, mask, adv, ret, fw: Forwards) -> dict:
+    """``ppo_epochs`` passes of mini-batch optimiser steps, each from ``grad_accum`` micro-batches;
+    the critic (if any) steps alongside the policy on the same micro-batches (Open-Instruct PPO)."""
+    t = run.cfg.train
     mini, micro, accum = int(t.mini_batch_size), int(t.micro_batch_size), run.plan["grad_accum"]
-    temp = float(run.cfg.rollout.temperature) or 1.0
-    N, agg = roll.input_ids.shape[0], AggContext(num_micro_batches=accum)
-    sums, steps = {}, 0
+    N, sums, steps = roll.input_ids.shape[0], {}, 0
     for _ in range(int(t.ppo_epochs)):
         for m0 in range(0, N, mini):
+            agg = AggContext(num_micro_batches=accum, step_tokens=float(mask[m0:m0 + mini].sum()),
+                             world_size=run.plan["world_size"], max_tokens=int(run.cfg.rollout.max_new_tokens))
             for u0 in range(m0, m0 + mini, micro):
-                sl = slice(u0, u0 + micro)
-                lp, ent = response_logprobs(engine.module, roll.input_ids[sl], roll.attention_mask[sl],
-                                            roll.prompt_length, temp, with_entropy=True)
-                inp = LossInput(lp, (old[sl] if old is not None else lp.detach()), adv[sl], mask[sl],
-                                ref[sl] if ref is not None else None, ent)
-                loss, m = compute_policy_loss(inp, run.cfg.loss, run.cfg.kl, agg)
-                engine.backward(loss)
-                for k, v in {**m, "loss": loss.item() * accum}.items():
+                m = micro_step(run, roll, slice(u0, u0 + micro), mask, adv, ret, fw, agg)
+                for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v / accum
-            for k, v in engine.step().items():
+            for k, v in engines_step(run).items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
     return {k: v / steps for k, v in sums.items()}
+
+
+def micro_step(run: Run, roll: Rollout, sl: slice, mask, adv, ret, fw: Forwards, agg: AggContext) -> dict:
+    """Forward, loss and backward of one micro-batch for the policy and, if present, the critic."""
+    cfg, engine = run.cfg, run.engine
+    temp = float(cfg.rollout.temperature) or 1.0
+    ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
+    lp, ent = response_logprobs(engine.module, ids, am, P, temp, with_entropy=True)  # [n, R] x2
+    inp = LossInput(lp, fw.old[sl] if fw.old is not None else lp.detach(), adv[sl], mask[sl],
+                    fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
+    loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)
+    engine.backward(loss)
+    metrics["loss"] = loss.item() * agg.num_micro_batches
+    if run.critic is not None:
+        c = cfg.advantage.critic
+        v = token_values(run.critic.module, ids, am, P)  # [n, R]
+        per_token = value_loss(v, fw.values[sl], ret[sl], c.get("clip"))  # [n, R]
+        vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, mask[sl], agg)
+        run.critic.backward(vloss)
+        metrics["value/loss"] = vloss.item() * agg.num_micro_batches
+        metrics["value/mean"] = masked_mean(v.detach(), mask[sl]).item()
+    return metrics
+
+
+def engines_step(run: Run) -> dict:
+    """Optimiser step of the policy and, if present, of the critic (its own optimiser and LR)."""
+    out = run.engine.step()
+    if run.critic is not None:
+        out.update({f"value/{k}": v for k, v in run.critic.step().items()})
+    return out
 
 
 @torch.no_grad()

@@ -4,7 +4,7 @@ Registered names (one function per source; pick by name in config, no branching 
 
 * ``math`` -- default. Gold from ``answer`` (or ``solution`` / ``ground_truth``), parsed once per distinct gold
   with math-verify's default extractors; ``None`` when the gold cannot be parsed. Answer = content of the LAST
-  ``\\boxed{}`` (brace-matched), compared by an exact integer/decimal fast path, else math-verify ``verify``
+  ``\\boxed{}`` (brace-matched), compared by exact fast paths (``verifiers.mv.latex_fast_path``), else math-verify ``verify``
   (precision 6, strict) on ``parse("\\boxed{content}")`` with Open-R1's normalisation but ``boxed="last"``.
   No boxed answer -> 0.0.
 * ``math_open_r1`` -- Open-R1 ``accuracy_reward`` exactly (huggingface/open-r1 src/open_r1/rewards.py @ c1e1192):
@@ -19,10 +19,13 @@ from verifiers._common import column, last_boxed_content, texts
 from verifiers.mv import (
     DEFAULT_ANSWER_CONFIG,
     OPEN_R1_ANSWER_CONFIG,
+    exact_value,
+    latex_fast_path,
     mv_parse,
     mv_verify,
     numeric_fast_path,
     parse_gold_cached,
+    provably_unequal,
 )
 from verifiers.pool import map_scores
 
@@ -30,15 +33,21 @@ GOLD_COLUMNS = ("answer", "solution", "ground_truth")
 
 
 def fast_default(text: str, gold: str) -> float | None:
-    """In-process exact path: a plain-number gold (always parseable) against a plain-number boxed answer."""
+    """In-process exact paths: identical answer text, or both sides plain numbers / integer fractions / sqrt (see
+    ``verifiers.mv.latex_fast_path``, whose forms always parse, so "no box" is a certain 0.0)."""
     gold = str(gold)
     content = last_boxed_content(text)
-    if content is not None and content.strip() == gold.strip() and gold.strip():
-        # Identical answer text: correct whenever the gold parses (parsed once per distinct gold, in-process).
-        return 1.0 if parse_gold_cached(gold_as_latex(gold)) else None
-    if not (gold.strip() and numeric_fast_path(gold, gold) == 1.0):
-        return None
-    return 0.0 if content is None else numeric_fast_path(content, gold)
+    if exact_value(gold) is None and numeric_fast_path(gold, gold) != 1.0:
+        return None  # gold parsing (~3 ms of antlr) happens in the pool, once per worker
+    if content is not None and content.strip() == gold.strip():
+        return 1.0
+    return 0.0 if content is None else latex_fast_path(content, gold)
+
+
+def answer_key(text: str, gold: str) -> tuple:
+    """Samples with the same gold and boxed answer get the same ``score_default``: score one per call; the gold
+    comes first so the pool's key order sends a gold's answers to one worker, which parses that gold once."""
+    return str(gold), last_boxed_content(text)
 
 
 def gold_as_latex(gold: str) -> str:
@@ -56,11 +65,15 @@ def score_default(text: str, gold: str) -> float | None:
     content = last_boxed_content(text)
     if content is None:
         return 0.0
-    fast = numeric_fast_path(content, gold)
+    if content.strip() == gold.strip():
+        return 1.0  # identical answer text: correct whenever the gold parses
+    fast = latex_fast_path(content, gold)
     if fast is not None:
         return fast
     # Parsing only the extracted "\boxed{...}" instead of the whole (long) completion keeps the regex scan short.
     answer = mv_parse("\\boxed{" + content + "}", DEFAULT_ANSWER_CONFIG)
+    if provably_unequal(gold_parsed, answer):
+        return 0.0  # distinct closed-form numbers: skip math-verify's simplify (verifiers.mv.provably_unequal)
     return 1.0 if mv_verify(list(gold_parsed), answer) else 0.0
 
 
@@ -101,7 +114,7 @@ def math_reward(completions, **columns) -> list[float | None]:
     """Default math verifier (see module docstring); ``timeout`` (s, per sample) and ``workers`` optional."""
     comps = texts(completions)
     golds = column(columns, GOLD_COLUMNS, len(comps), "math")
-    return map_scores(score_default, list(zip(comps, golds)), fast_default, **_pool_kwargs(columns))
+    return map_scores(score_default, list(zip(comps, golds)), fast_default, key=answer_key, **_pool_kwargs(columns))
 
 
 @register_verifier("math_open_r1")

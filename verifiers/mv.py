@@ -6,10 +6,13 @@ interrupt long C-level sympy/gmp calls; ``verifiers.pool`` adds a process-level 
 """
 from __future__ import annotations
 
+import cmath
 import functools
 import re
 import threading
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Sequence
 
 from latex2sympy2_extended import NormalizationConfig
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -89,3 +92,84 @@ def numeric_fast_path(pred: str, gold: str) -> float | None:
         # Unequal decimals can still be "equal" under math-verify's 6-digit rounding: let it decide.
         return None
     return None
+
+
+# Exact LaTeX forms (``-``-signed integers, ``\\frac``/``\\dfrac``/``\\tfrac`` of integers, ``\\sqrt`` of a
+# natural number). math-verify parses them to sympy Integer / Rational / sqrt(n), and for such values its verdict is
+# exact equality: ``sympy_str_eq`` is ``a == b``, ``sympy_numeric_eq`` compares ``doit()`` values (no Float involved),
+# the ``evalf(chop=True, n=15)`` branch cannot chop a non-zero difference of at least 1e-12, and ``simplify(a - b)``
+# is zero only for equal values. Fraction parts have at most 6 digits so distinct fractions differ by >= 1e-12, and
+# sqrt(n) (n < 1e6) is compared only with integers or another sqrt (distinct values differ by >= 5e-4).
+_FRAC = re.compile(r"(-?)\\[dt]?frac\{(-?(?:0|[1-9]\d{0,5}))\}\{([1-9]\d{0,5})\}")
+_SQRT = re.compile(r"\\sqrt\{(0|[1-9]\d{0,5})\}")
+
+
+def exact_value(s: str) -> tuple[str, Fraction] | None:
+    """``("rat", q)`` for an integer or integer fraction, ``("sqrt", n)`` for ``\\sqrt{n}``; None otherwise."""
+    s = s.strip()
+    if _INT.fullmatch(s):
+        return "rat", Fraction(int(s))
+    m = _FRAC.fullmatch(s)
+    if m:
+        q = Fraction(int(m.group(2)), int(m.group(3)))
+        return "rat", -q if m.group(1) else q
+    m = _SQRT.fullmatch(s)
+    return ("sqrt", Fraction(int(m.group(1)))) if m else None
+
+
+def _equal(a: tuple[str, Fraction], b: tuple[str, Fraction]) -> bool:
+    if a[0] == b[0]:
+        return a[1] == b[1]
+    rad, q = (a[1], b[1]) if a[0] == "sqrt" else (b[1], a[1])
+    return q >= 0 and q * q == rad  # sqrt(n) == m  <=>  m >= 0 and m^2 == n
+
+
+def _comparable(a: tuple[str, Fraction], b: tuple[str, Fraction]) -> bool:
+    # sqrt(n) against a non-integer fraction a/b can differ by ~1e-16, inside evalf's chop: leave it to math-verify.
+    return a[0] == b[0] or (a[1].denominator == 1 and b[1].denominator == 1)
+
+
+def latex_fast_path(pred: str, gold: str) -> float | None:
+    """Plain numbers (``numeric_fast_path``), then exact fraction / sqrt forms; None to fall back to math-verify."""
+    fast = numeric_fast_path(pred, gold)
+    if fast is not None:
+        return fast
+    a, b = exact_value(pred), exact_value(gold)
+    if a is None or b is None or not _comparable(a, b):
+        return None
+    return 1.0 if _equal(a, b) else 0.0
+
+
+def _numeric(x) -> complex | None:
+    """Value of a closed-form sympy number with no Float in it (30 digits), else None."""
+    from sympy import Expr, Float, Symbol
+
+    if not isinstance(x, Expr) or isinstance(x, Symbol) or not x.is_number or x.has(Float):
+        return None
+    try:
+        v = complex(x.evalf(30))
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+        return None
+    return v if cmath.isfinite(v) else None
+
+
+def provably_unequal(gold: Sequence, answer: Sequence) -> bool:
+    """True when math-verify's ``verify(gold, answer)`` is certainly False, without running ``simplify``.
+
+    Pairs are (sympy, sympy): both closed-form numbers without Floats (not relations, sets, tuples, matrices or
+    symbols) whose values differ by more than 1e-6 relative. For such pairs ``sympy_expr_eq`` can only succeed
+    through ``a == b``, exact ``doit()`` equality, ``evalf(chop=True) == 0`` or ``simplify(a - b).is_zero``, all of
+    which need equal values. (str, str) pairs must differ after ``strip``; mixed pairs always compare False.
+    """
+    if not gold or not answer:
+        return False
+    for g in gold:
+        for t in answer:
+            if isinstance(g, str) or isinstance(t, str):
+                if isinstance(g, str) and isinstance(t, str) and g.strip() == t.strip():
+                    return False
+                continue
+            a, b = _numeric(g), _numeric(t)
+            if a is None or b is None or abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b)):
+                return False
+    return True

@@ -224,31 +224,36 @@ def get_pool(workers: int | None = None) -> WorkerPool:
 
 
 def map_scores(fn: Callable, items: Sequence[tuple], fast: Callable | None = None, timeout: float = DEFAULT_TIMEOUT,
-               workers: int | None = None, on_timeout: Any = 0.0) -> list:
+               workers: int | None = None, on_timeout: Any = 0.0, key: Callable | None = None) -> list:
     """Score ``fn(*item)`` for every item, in order.
 
     ``fast(*item)`` (optional) runs in-process first and settles a sample when it returns a value (cheap exact
     paths); the rest go to the process pool with a per-sample ``timeout`` (overrun -> ``on_timeout``, crash or
-    exception -> None). ``workers=0`` scores in-process (no isolation; for debugging and the plain baseline).
+    exception -> None). ``key(*item)`` (optional): items with equal keys are known to score the same, so only the
+    first of them is sent, in key order. ``workers=0`` scores in-process (no isolation; for debugging and the plain baseline).
     """
     if timeout is None or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     results: list[Any] = [None] * len(items)
-    slow: list[int] = []
+    slow: dict[Any, list[int]] = {}
     for i, item in enumerate(items):
         r = fast(*item) if fast is not None else None
         if r is None:
-            slow.append(i)
+            slow.setdefault(key(*item) if key is not None else i, []).append(i)
         else:
             results[i] = r
     if not slow:
         return results
+    if key is not None:  # key order: items sharing a key prefix (e.g. the gold) land in the same worker chunk
+        slow = dict(sorted(slow.items(), key=lambda kv: repr(kv[0])))
+    firsts = [idx[0] for idx in slow.values()]
     if workers == 0:
-        for i in slow:
-            results[i] = fn(*items[i])
-        return results
-    for i, r in zip(slow, get_pool(workers).map(fn, [items[i] for i in slow], timeout, on_timeout)):
-        results[i] = r
+        scored = [fn(*items[i]) for i in firsts]
+    else:
+        scored = get_pool(workers).map(fn, [items[i] for i in firsts], timeout, on_timeout)
+    for idx, r in zip(slow.values(), scored):
+        for i in idx:
+            results[i] = r
     return results
 
 

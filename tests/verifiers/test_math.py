@@ -91,3 +91,40 @@ def test_math500_reference_solutions_self_consistent(shared_data):
 def test_score_default_in_process_matches_pool():
     assert score_default(r"\boxed{\sqrt{2}/2}", r"\frac{\sqrt2}{2}") == 1.0
     assert get_verifier("math")([r"\boxed{\sqrt{2}/2}"], answer=[r"\frac{\sqrt2}{2}"]) == [1.0]
+
+
+# Exact LaTeX forms the in-process fast path settles: every pair must get math-verify's own verdict.
+_FORMS = ["8", "-8", "0", "-0", r"\frac{16}{2}", r"\dfrac{1}{2}", r"\tfrac{2}{4}", r"-\frac{3}{2}", r"\frac{-3}{2}",
+          r"\frac{0}{5}", r"\sqrt{16}", r"\sqrt{17}", r"\sqrt{4}", "-2", "2", "4", r"\frac{1}{3}", "0.5"]
+
+
+def test_latex_fast_path_agrees_with_math_verify():
+    from verifiers.math import gold_as_latex
+    from verifiers.mv import DEFAULT_ANSWER_CONFIG, latex_fast_path, mv_parse, mv_verify, parse_gold_cached
+
+    settled = 0
+    for gold in _FORMS:
+        for pred in _FORMS:
+            fast = latex_fast_path(pred, gold)
+            if fast is None:
+                continue
+            settled += 1
+            ref = mv_verify(list(parse_gold_cached(gold_as_latex(gold))), mv_parse("\\boxed{" + pred + "}", DEFAULT_ANSWER_CONFIG))
+            assert fast == float(ref), (pred, gold)
+    assert settled >= 250  # of 18 x 18 pairs; sqrt vs non-integer fractions and decimals fall back
+
+
+@pytest.mark.parametrize("gold,pred,unequal", [
+    (r"\frac{8}{21}", "16", True), (r"\sqrt{53}", "31", True), (r"2\sqrt{2}", "3", True), (r"\pi", "3", True),
+    ("1+2i", r"\frac{1}{2}", False),  # i parses as a symbol: left to math-verify
+    (r"\frac{\sqrt{3}}{2}", r"\frac{1}{2}\sqrt{3}", False),  # equal values: run verify
+    ("p - q", "9", False), ("x=5", "5", False), ("0.5", r"\frac{1}{2}", False), (r"(1,2)", "1", False),
+])
+def test_provably_unequal_only_when_math_verify_says_no(gold, pred, unequal):
+    from verifiers.math import gold_as_latex
+    from verifiers.mv import DEFAULT_ANSWER_CONFIG, mv_parse, mv_verify, parse_gold_cached, provably_unequal
+
+    g, a = list(parse_gold_cached(gold_as_latex(gold))), mv_parse("\\boxed{" + pred + "}", DEFAULT_ANSWER_CONFIG)
+    assert provably_unequal(g, a) is unequal
+    if unequal:
+        assert mv_verify(g, a) is False

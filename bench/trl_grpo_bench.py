@@ -1,0 +1,163 @@
+"""One GRPO step of ``recipes/rl.py`` vs TRL's ``GRPOTrainer`` on an identical tiny configuration, CPU.
+
+Same locally built tiny Qwen2 (conf/model/tiny_qwen2.yaml), same arithmetic prompts (core.data), same
+reward (``get_verifier("math")``), group size, completion length, batch, learning rate, KL beta
+(k3 in the loss), token-mean loss (TRL ``loss_type="bnpo"``), one optimiser step per generation
+batch, fp32, no gradient checkpointing. Each side runs in a fresh subprocess, alternating, several
+repetitions; the per-step wall time excludes setup and the first (warm-up) step; peak memory is
+the child process's peak RSS (``ru_maxrss``). Both sides use the same intra-op thread count
+(``BENCH_THREADS``, default 1: the tiny model gains nothing from more on 2 shared cores).
+
+    python -m bench trl                      # or: make bench
+    BENCH_REPS=5 BENCH_STEPS=8 python -m bench trl
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPTS, GROUP, MAX_NEW, BETA, LR, SEED = 8, 8, 16, 0.04, 1.0e-4, 0
+STEPS = int(os.environ.get("BENCH_STEPS", 6))
+REPS = int(os.environ.get("BENCH_REPS", 3))
+THREADS = int(os.environ.get("BENCH_THREADS", 1))
+OURS_ENGINE = os.environ.get("BENCH_ENGINE", "torch")
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from core.paths import CONF_DIR, PROJECT_ROOT
+
+    if not OmegaConf.has_resolver("root"):
+        OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _shared_cfg():
+    """Our config for the shared setting; the TRL side reads model, data and sizes from it."""
+    n = PROMPTS * GROUP
+    return _compose([
+        "recipe_name=bench", "train.warm_start.steps=0", "logger.progress=false", "logger.tensorboard=false",
+        f"train.prompts_per_step={PROMPTS}", f"train.group_size={GROUP}", f"train.mini_batch_size={n}",
+        f"train.micro_batch_size={n}", f"train.logprob_micro_batch_size={n}", f"train.total_steps={STEPS}",
+        f"rollout.max_new_tokens={MAX_NEW}", f"rollout.engine={OURS_ENGINE}", f"kl.coef={BETA}",
+        "kl.estimator=k3", "kl.placement=loss", "loss.aggregation=token_mean", f"optim.optimizer.lr={LR}",
+        f"seed={SEED}"])
+
+
+def run_ours() -> list[float]:
+    """Per-step wall times of ``recipes.rl.rl_step`` (setup excluded)."""
+    from recipes import rl
+
+    run = rl.setup(_shared_cfg(), run_dir=tempfile.mkdtemp(prefix="bench_ours_"))
+    times = []
+    for _ in range(STEPS):
+        t0 = time.perf_counter()
+        rl.rl_step(run)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def run_trl() -> list[float]:
+    """Per-step wall times of ``GRPOTrainer.train`` (between consecutive ``on_step_end``)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from core import data as D
+    from core.models import load_tokenizer, model_dir
+    from verifiers import get_verifier
+
+    cfg = _shared_cfg()
+    path = model_dir(cfg.model)
+    rows = D.load_split(cfg.data, "train")
+    dataset = Dataset.from_list([{"prompt": D.format_prompt(r["prompt"], cfg.data), "answer": r["answer"]}
+                                 for r in rows])
+    verifier = get_verifier(cfg.verifier.name)
+
+    def math_reward(completions, answer, **kw):
+        return verifier(completions, answer=answer)
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.marks = []
+
+        def on_train_begin(self, *a, **k):
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, *a, **k):
+            self.marks.append(time.perf_counter())
+
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="bench_trl_"), use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, report_to="none", loss_type="bnpo", beta=BETA, num_generations=GROUP,
+        per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1,
+        max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, max_steps=STEPS,
+        logging_steps=10**6, save_strategy="no", seed=SEED, dataloader_num_workers=0, disable_tqdm=True,
+        scale_rewards="group", epsilon=0.2)
+    timer = Timer()
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path, dtype="float32"),
+                          reward_funcs=[math_reward], args=args, train_dataset=dataset,
+                          processing_class=load_tokenizer(path), callbacks=[timer])
+    trainer.train()
+    return [b - a for a, b in zip(timer.marks, timer.marks[1:])]
+
+
+SIDES = {"ours": run_ours, "trl": run_trl}
+
+
+def child(side: str) -> None:
+    """Run one side in this (fresh) process and print one JSON line."""
+    import logging
+
+    import torch
+
+    torch.set_num_threads(THREADS)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    times = SIDES[side]()
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"side": side, "step_s": times, "peak_rss_mb": peak_mb}), flush=True)
+
+
+def _spawn(side: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false",
+           "DS_ACCELERATOR": "cpu"}
+    out = subprocess.run([sys.executable, "-m", "bench.trl_grpo_bench", side], capture_output=True, text=True,
+                         env=env, timeout=1800)
+    if out.returncode:
+        raise RuntimeError(f"{side} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> dict:
+    """Alternate the two sides ``REPS`` times; print medians, the ratio and peak memory."""
+    print(f"GRPO step, CPU, {THREADS} thread(s): {PROMPTS} prompts x {GROUP} completions, <= {MAX_NEW} new "
+          f"tokens, beta {BETA}, {STEPS} steps (first excluded), {REPS} alternating reps; ours: "
+          f"rollout.engine={OURS_ENGINE}", flush=True)
+    res = {"ours": [], "trl": []}
+    for rep in range(REPS):
+        for side in (("ours", "trl") if rep % 2 == 0 else ("trl", "ours")):
+            r = _spawn(side)
+            res[side].append(r)
+            print(f"  rep {rep} {side:>4}: median step {statistics.median(r['step_s'][1:]):.3f} s, "
+                  f"peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+    med = {s: statistics.median(t for r in rs for t in r["step_s"][1:]) for s, rs in res.items()}
+    peak = {s: max(r["peak_rss_mb"] for r in rs) for s, rs in res.items()}
+    summary = {"ours_step_s": med["ours"], "trl_step_s": med["trl"], "ratio": med["ours"] / med["trl"],
+               "ours_peak_rss_mb": peak["ours"], "trl_peak_rss_mb": peak["trl"]}
+    print(f"per-step wall time: ours {med['ours']:.3f} s, TRL {med['trl']:.3f} s, ratio ours/TRL "
+          f"{summary['ratio']:.2f}; peak RSS: ours {peak['ours']:.0f} MB, TRL {peak['trl']:.0f} MB", flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    child(sys.argv[1]) if len(sys.argv) > 1 else main()

@@ -1,0 +1,215 @@
+"""Scalar-head reward models: build/load, LoRA, pair batches, the Bradley-Terry loss, reward stats.
+
+The model is a plain ``AutoModelForSequenceClassification(num_labels=1)``, so a trained RM saves and
+loads in Hugging Face format and RL recipes can use it as a reward source or a value-model start.
+The reward of a sequence is the ``score`` head at its last non-pad token; chosen and rejected go
+through one forward pass (``[chosen; rejected]``, as Open-Instruct, OpenRLHF and TRL all do).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from core.registry import Registry
+from core.scale import SHRINKERS
+
+# Score-head initialisation for a head that the checkpoint does not have (name -> std(hidden)).
+HEAD_INITS: Registry = Registry("train.head_init")
+HEAD_INITS.register("transformers")(lambda hidden: None)  # keep the library's own init
+# Open-Instruct reward_modeling.py layer_init: N(0, 1/sqrt(hidden+1)) (Stiennon et al. 2020, p. 11).
+HEAD_INITS.register("inv_sqrt_hidden")(lambda hidden: 1 / math.sqrt(hidden + 1))
+# OpenRLHF models/model.py: N(0, 1/(hidden+1)).
+HEAD_INITS.register("inv_hidden")(lambda hidden: 1 / (hidden + 1))
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ----------------------------------------------------------------------------- model
+def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad_token_id: int | None = None):
+    """``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)`` with dtype, attention
+    and gradient checkpointing from ``model_cfg``; a fresh head is initialised per ``head_init``."""
+    from transformers import AutoModelForSequenceClassification
+
+    from core.models import _require
+
+    attn = model_cfg.get("attn_implementation", "sdpa")
+    if attn == "flash_attention_2":
+        _require("flash_attn", "model.attn_implementation=flash_attention_2")
+    model, info = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=_DTYPES[model_cfg.get("dtype", "float32")], attn_implementation=attn,
+        output_loading_info=True)
+    if pad_token_id is not None:
+        model.config.pad_token_id = pad_token_id  # HF's own pooling finds the last non-pad token with it
+    fresh_head = any(k.startswith("score.") for k in info["missing_keys"])
+    std = HEAD_INITS.get(head_init)(model.config.hidden_size)
+    if fresh_head and std is not None:
+        torch.nn.init.normal_(model.score.weight, std=std)
+    if model_cfg.get("gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model
+
+
+def disable_dropout(model) -> None:
+    """Dropout off everywhere (Open-Instruct disable_dropout_in_model, TRL disable_dropout=True)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    for k in ("attention_dropout", "hidden_dropout", "dropout"):
+        if hasattr(model.config, k):
+            setattr(model.config, k, 0.0)
+
+
+def _parts(model):
+    """(backbone, head) of a sequence-classification model, LoRA-wrapped or not."""
+    seq = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(seq, seq.base_model_prefix), seq.score
+
+
+def sequence_rewards(model, batch: dict) -> torch.Tensor:
+    """Reward per sequence ``[N]``: the head at ``batch['last']`` of the backbone's hidden states."""
+    backbone, head = _parts(model)
+    if "position_ids" in batch:  # padding-free: one row, sequences told apart by position_ids
+        out = backbone(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+        hidden = out.last_hidden_state[0, batch["last"]]  # [N, H]
+    else:
+        out = backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        rows = torch.arange(batch["input_ids"].shape[0])
+        hidden = out.last_hidden_state[rows, batch["last"]]  # [N, H]
+    return head(hidden).squeeze(-1).float()  # [N]
+
+
+# ----------------------------------------------------------------------------- LoRA
+def model_skeleton(model_cfg, path: str | None = None):
+    """The sequence-classification model on the meta device (no weights): for checks before a build."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    if model_cfg.get("name_or_path") or path:
+        config = AutoConfig.from_pretrained(path or model_cfg.name_or_path)
+    else:
+        from core.models import _tiny_config, build_char_tokenizer
+
+        config = _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))
+    config.num_labels = 1
+    with torch.device("meta"):
+        return AutoModelForSequenceClassification.from_config(config)
+
+
+def check_lora_targets(lora_cfg, skeleton) -> list[str]:
+    """Names of the modules ``lora.target_modules`` matches; a clear error when it matches none."""
+    targets = lora_cfg.target_modules
+    if targets == "all-linear":
+        hits = [n for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear) and not n.endswith("score")]
+    else:
+        names = [targets] if isinstance(targets, str) else list(targets)
+        hits = [n for n, _ in skeleton.named_modules() if any(n == t or n.endswith("." + t) for t in names)]
+    if not hits:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"lora.target_modules={targets!r} matches no module of {type(skeleton).__name__}; "
+                         f"linear layer names: {linear} (or use all-linear)")
+    return hits
+
+
+def apply_lora(model, lora_cfg):
+    """Wrap ``model`` with peft LoRA (task SEQ_CLS: the ``score`` head stays fully trainable)."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    targets = lora_cfg.target_modules
+    config = LoraConfig(task_type=TaskType.SEQ_CLS, r=int(lora_cfg.rank), lora_alpha=int(lora_cfg.alpha),
+                        lora_dropout=float(lora_cfg.dropout), bias="none",
+                        target_modules=targets if isinstance(targets, str) else list(targets))
+    return get_peft_model(model, config)
+
+
+def trainable_names(model) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+# ----------------------------------------------------------------------------- batches
+def pair_batch(pairs: list[dict], pad_id: int, padding_side: str = "right") -> dict:
+    """``[chosen_1..B; rejected_1..B]`` padded to one length: input_ids/attention_mask ``[2B, L]``,
+    ``last`` ``[2B]`` (index of each row's last real token) and ``margin`` ``[B]``."""
+    seqs = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        sl = slice(L - len(s), L) if padding_side == "left" else slice(0, len(s))
+        ids[i, sl], mask[i, sl] = torch.tensor(s), 1
+    last = L - 1 - mask.fliplr().argmax(dim=1)  # [2B] last non-pad position, either padding side
+    return {"input_ids": ids, "attention_mask": mask, "last": last,
+            "margin": torch.tensor([float(p.get("margin", 0.0)) for p in pairs])}
+
+
+def packed_batch(pairs: list[dict]) -> dict:
+    """Padding-free: every chosen then every rejected sequence in one row ``[1, T]``, with position ids
+    restarting at 0 per sequence (attention stays inside each sequence); ``last`` ``[2B]``."""
+    seqs = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
+    ids = torch.tensor([t for s in seqs for t in s]).unsqueeze(0)  # [1, T]
+    pos = torch.cat([torch.arange(len(s)) for s in seqs]).unsqueeze(0)  # [1, T]
+    last = torch.cumsum(torch.tensor([len(s) for s in seqs]), 0) - 1  # [2B]
+    return {"input_ids": ids, "position_ids": pos, "last": last,
+            "margin": torch.tensor([float(p.get("margin", 0.0)) for p in pairs])}
+
+
+# ----------------------------------------------------------------------------- loss
+def bt_loss(r: torch.Tensor, margin: torch.Tensor, loss_cfg) -> tuple[torch.Tensor, dict]:
+    """Bradley-Terry on ``r = [r_chosen; r_rejected]`` ``[2B]``: mean ``-log sigmoid(r_c - r_r - m)``
+    (m = the margin column when ``use_margin``), plus ``center_coef * mean((r_c + r_r)^2)`` when set."""
+    B = r.shape[0] // 2
+    rc, rr = r[:B], r[B:]  # [B], [B]
+    diff = rc - rr - (margin if loss_cfg.get("use_margin") else 0.0)
+    loss = -F.logsigmoid(diff).mean()
+    if loss_cfg.get("center_coef"):
+        loss = loss + float(loss_cfg.center_coef) * ((rc + rr) ** 2).mean()  # Eisenstein et al. 2023
+    return loss, pair_metrics(rc.detach(), rr.detach())
+
+
+def pair_metrics(rc: torch.Tensor, rr: torch.Tensor) -> dict:
+    return {"accuracy": (rc > rr).float().mean().item(), "margin": (rc - rr).mean().item(),
+            "reward/chosen": rc.mean().item(), "reward/rejected": rr.mean().item()}
+
+
+def reward_stats(rewards: torch.Tensor) -> dict:
+    """Mean and std of rewards (OpenRLHF: std clamped at 1e-8); RL divides by them to normalise."""
+    return {"mean": rewards.mean().item(), "std": max(rewards.std(unbiased=False).item(), 1e-8)}
+
+
+# ----------------------------------------------------------------------------- save / use
+def save_reward_model(engine, tokenizer, out_dir: Path, stats: dict) -> None:
+    """A plain HF folder: LoRA merged into the base weights, reward mean/std in ``config.json``
+    (``mean``/``std``, OpenRLHF's names) and in ``reward_stats.json``."""
+    module = engine.module
+    if hasattr(module, "merge_and_unload"):
+        engine.module = module = module.merge_and_unload()
+    module.config.mean, module.config.std = stats["mean"], stats["std"]
+    engine.save_pretrained(out_dir, tokenizer)
+    (Path(out_dir) / "reward_stats.json").write_text(json.dumps(stats, indent=1))
+
+
+@torch.no_grad()
+def score_texts(model, tokenizer, texts: list[str], normalize: bool = False, batch_size: int = 16) -> torch.Tensor:
+    """Rewards ``[N]`` of finished texts from a saved RM (RL's learned reward source); ``normalize``
+    returns ``(r - mean) / std`` with the stats saved beside the model (OpenRLHF --normalize_reward)."""
+    out = []
+    for i in range(0, len(texts), batch_size):
+        ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts[i:i + batch_size]]
+        b = pair_batch([{"chosen": s, "rejected": s} for s in ids], tokenizer.pad_token_id, "right")
+        out.append(sequence_rewards(model, b)[: len(ids)])
+    r = torch.cat(out)
+    if normalize:
+        r = (r - float(model.config.mean)) / float(model.config.std)
+    return r
+
+
+@SHRINKERS.register("rm")
+def shrink_rm(cfg, s) -> None:
+    """RM at ``scale=tiny``: ``train.tiny`` (batch sizes, steps, lengths) over ``train``; no bf16 on CPU."""
+    if cfg.train.get("tiny"):
+        cfg.train.update({k: v for k, v in cfg.train.tiny.items()})
+    if "bf16" in cfg.zero:
+        cfg.zero.bf16 = False

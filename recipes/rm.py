@@ -1,0 +1,225 @@
+"""Pairwise reward-model loop (Bradley-Terry): setup, train, save.
+
+One optimiser step takes ``train.batch_size`` pairs, split into micro-batches of
+``train.micro_batch_size`` pairs per rank; each micro-batch runs chosen and rejected through one
+forward pass, reads the scalar head at each sequence's last real token and adds
+``-log sigmoid(r_c - r_r - margin)``. Held-out pairs are scored before, every ``eval_every`` steps
+and after training; the final eval rewards' mean/std are saved with the model so RL can normalise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from core import preference_data as PD
+from core import reward_model as RM
+from core.checkpoint import atomic_dir, load_training_state, save_training_state, seed_everything
+from core.data import DataError, PromptSampler
+from core.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
+from core.models import load_tokenizer, model_dir
+from core.results import append_row
+from core.scale import apply_scale
+from core.zero import build_engine
+
+
+@dataclass
+class Run:
+    cfg: object
+    run_dir: Path
+    plan: dict
+    train_pairs: list
+    eval_pairs: list
+    data_stats: dict
+    tokenizer: object
+    engine: object
+    sampler: PromptSampler
+    writer: MetricsWriter
+    step: int = 0
+    history: dict = field(default_factory=dict)
+
+
+def main(cfg) -> float:
+    """Setup, train, save; returns the final held-out pair accuracy (the sweep objective)."""
+    run = setup(cfg)
+    train(run)
+    return save(run)
+
+
+def setup(cfg) -> Run:
+    cfg = apply_scale(cfg)
+    seed_everything(int(cfg.seed))
+    train_rows, eval_rows, stats = PD.load_pairs(cfg.data)  # text checks: before any model
+    plan_batches(cfg.train, len(train_rows))
+    if int(cfg.train.lora.rank) > 0:
+        RM.check_lora_targets(cfg.train.lora, RM.model_skeleton(cfg.model))  # meta device, no weights
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    path = model_dir(cfg.model)
+    tokenizer = load_tokenizer(path)
+    tokenizer.padding_side = cfg.train.padding_side
+    max_len = int(cfg.train.max_len)
+    train_pairs = PD.tokenize_pairs(train_rows, tokenizer, cfg.data, max_len, stats["train"])
+    eval_pairs = PD.tokenize_pairs(eval_rows, tokenizer, cfg.data, max_len, stats["eval"])
+    plan = plan_batches(cfg.train, len(train_pairs))  # again: length filters may have dropped pairs
+    model = build_model(path, cfg, tokenizer)
+    if int(cfg.zero.stage) > 0:
+        _single_process_env()
+    engine = build_engine(model, cfg.optim, cfg.zero, plan["total_steps"], plan["grad_accum"],
+                          int(cfg.train.micro_batch_size))
+    run = Run(cfg, run_dir, plan, train_pairs, eval_pairs, stats, tokenizer, engine,
+              PromptSampler(len(train_pairs), int(cfg.train.batch_size), int(cfg.seed)),
+              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard)))
+    _maybe_resume(run)
+    return run
+
+
+def plan_batches(t, num_pairs: int) -> dict:
+    """Optimiser steps and accumulation from the global batch; clear errors before any model."""
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    batch, micro = int(t.batch_size), int(t.micro_batch_size)
+    if batch % (micro * world):
+        raise ValueError(f"train.batch_size={batch} is not a multiple of micro_batch_size x world "
+                         f"= {micro} x {world}")
+    steps = int(t.epochs) * (num_pairs // batch)  # both sources floor: len(data) // batch_size
+    if t.get("max_steps"):
+        steps = min(steps, int(t.max_steps))
+    if steps < 1:
+        raise DataError(f"data: {num_pairs} usable training pairs make no optimiser step of "
+                        f"train.batch_size={batch} pairs")
+    return {"world": world, "grad_accum": batch // (micro * world), "total_steps": steps}
+
+
+def build_model(path: str, cfg, tokenizer):
+    """The scalar-head model, dropout off, LoRA-wrapped when ``train.lora.rank > 0``."""
+    model = RM.load_reward_model(path, cfg.model, cfg.train.head_init, tokenizer.pad_token_id)
+    if cfg.train.disable_dropout:
+        RM.disable_dropout(model)
+    if int(cfg.train.lora.rank) > 0:
+        model = RM.apply_lora(model, cfg.train.lora)
+    return model
+
+
+def _single_process_env() -> None:
+    """DeepSpeed outside a launcher (e.g. ``scale=tiny`` on one CPU process): a world of one."""
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+
+
+def _maybe_resume(run: Run) -> None:
+    ckpt = run.run_dir / "checkpoint"
+    if run.cfg.resume and (ckpt / "trainer.json").exists():
+        state = load_training_state(ckpt, run.engine)
+        run.step, run.history = state["step"], state["history"]
+        run.sampler.restore(state["sampler"])
+
+
+def train(run: Run) -> None:
+    t = run.cfg.train
+    if "eval_before" not in run.history:
+        run.writer.log(0, {**run.data_stats["train"].as_metrics("train"), **run.data_stats["eval"].as_metrics("eval")})
+        run.history["eval_before"] = evaluate(run) if t.eval_before else {}
+        run.writer.log(0, run.history["eval_before"])
+    start = time.perf_counter()
+    total = run.plan["total_steps"]
+    bar = tqdm(total=total, initial=run.step, desc=run.cfg.recipe_name, disable=not run.cfg.logger.progress,
+               dynamic_ncols=True)
+    while run.step < total:
+        metrics = rm_step(run)
+        run.step += 1
+        if int(t.eval_every) and run.step % int(t.eval_every) == 0 and run.step < total:
+            metrics.update(evaluate(run))
+        run.writer.log(run.step, metrics)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+        bar.update()
+        if int(t.checkpoint_every) and run.step % int(t.checkpoint_every) == 0:
+            save_training_state(run.run_dir / "checkpoint", run.engine,
+                                {"step": run.step, "history": run.history, "sampler": run.sampler.state()})
+    bar.close()
+    run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
+    run.history["eval_after"] = evaluate(run, keep_rewards=True)
+    run.writer.log(run.step, {k: v for k, v in run.history["eval_after"].items() if k != "rewards"})
+
+
+def make_batch(run: Run, pairs: list[dict]) -> dict:
+    if run.cfg.train.packing:
+        return RM.packed_batch(pairs)
+    return RM.pair_batch(pairs, run.tokenizer.pad_token_id, run.cfg.train.padding_side)
+
+
+def rm_step(run: Run) -> dict:
+    """One optimiser step over ``batch_size`` pairs, accumulated from micro-batches."""
+    t, engine, timer = run.cfg.train, run.engine, PhaseTimer()
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    idx = run.sampler.next()[rank::run.plan["world"]]
+    micro, accum = int(t.micro_batch_size), run.plan["grad_accum"]
+    sums = {}
+    with timer.phase("update"):
+        for u0 in range(0, len(idx), micro):
+            batch = make_batch(run, [run.train_pairs[i] for i in idx[u0:u0 + micro]])
+            r = RM.sequence_rewards(engine.module, batch)  # [2 x micro]
+            loss, m = RM.bt_loss(r, batch["margin"], t.loss)
+            engine.backward(loss / accum)
+            for k, v in {**m, "loss": loss.item()}.items():
+                sums[k] = sums.get(k, 0.0) + v / accum
+        sums.update(engine.step())
+    return {**sums, **timer.pop(), "memory/peak_mb": peak_memory_mb()}
+
+
+@torch.no_grad()
+def evaluate(run: Run, keep_rewards: bool = False) -> dict:
+    """Held-out pair accuracy, loss, margin and reward mean/std over ``eval_pairs``."""
+    if not run.eval_pairs:
+        return {}
+    t, rc, rr, margins = run.cfg.train, [], [], []
+    bs = int(t.eval_batch_size)
+    for i in range(0, len(run.eval_pairs), bs):
+        batch = make_batch(run, run.eval_pairs[i:i + bs])
+        r = RM.sequence_rewards(run.engine.module, batch)
+        B = r.shape[0] // 2
+        rc.append(r[:B]), rr.append(r[B:]), margins.append(batch["margin"])
+    rc, rr, margin = torch.cat(rc), torch.cat(rr), torch.cat(margins)
+    loss, m = RM.bt_loss(torch.cat([rc, rr]), margin, t.loss)
+    stats = RM.reward_stats(torch.cat([rc, rr]))
+    out = {f"eval/{k}": v for k, v in m.items()}
+    out.update({"eval/loss": loss.item(), "eval/reward_mean": stats["mean"], "eval/reward_std": stats["std"]})
+    if keep_rewards:
+        out["rewards"] = stats
+    return out
+
+
+def save(run: Run) -> float:
+    """Final Hugging Face RM (atomic, LoRA merged, reward mean/std inside) and one results row."""
+    h, cfg = run.history, run.cfg
+    with atomic_dir(run.run_dir / "model") as tmp:
+        RM.save_reward_model(run.engine, run.tokenizer, tmp, h["eval_after"].get("rewards", {"mean": 0.0, "std": 1.0}))
+    run.writer.close()
+    after, before = h["eval_after"], h["eval_before"]
+    row = {
+        "recipe": cfg.recipe_name, "loop": "rm", "run_dir": str(run.run_dir), "seed": int(cfg.seed),
+        "steps": run.step, "scale": cfg.scale.name, "eval_before": before.get("eval/accuracy"),
+        "eval_after": after.get("eval/accuracy"), "eval_pairs": len(run.eval_pairs),
+        "train_pairs": len(run.train_pairs), "reward_mean": after.get("eval/reward_mean"),
+        "reward_std": after.get("eval/reward_std"), "train_seconds": round(h["train_seconds"], 2),
+        "data": {s: st.as_metrics(s) for s, st in run.data_stats.items()}, "overrides": _overrides(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    (run.run_dir / "summary.json").write_text(json.dumps(row, indent=1))
+    append_row(Path(cfg.paths.results_dir), row)
+    return float(after.get("eval/accuracy") or 0.0)
+
+
+def _overrides() -> list[str]:
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []

@@ -1,0 +1,84 @@
+"""Bad input fails at config validation, naming the keys that clash; every option composes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.advantage import ADVANTAGES
+from core.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from core.paths import CONF_DIR
+from core.validate import ConfigError, check_rl
+
+
+def _error(cfg) -> str:
+    with pytest.raises(ConfigError) as e:
+        check_rl(cfg)
+    return str(e.value)
+
+
+def test_every_config_option_composes_and_validates(compose_cfg):
+    groups = {g: sorted(p.stem for p in (Path(CONF_DIR) / g).glob("*.yaml")) for g in ("advantage", "loss", "kl")}
+    assert groups["advantage"] == ADVANTAGES.names()  # one option per estimator, named after it
+    assert set(groups["loss"]) == set(POLICY_LOSSES.names())
+    assert set(groups["kl"]) == set(KL_ESTIMATORS.names())
+    count = 0
+    for group, options in groups.items():
+        for opt in options:
+            plan = check_rl(compose_cfg(f"{group}={opt}"))
+            assert plan["samples_per_step"] == 128
+            count += 1
+    assert count == 11
+
+
+@pytest.mark.parametrize("key,value,registry", [
+    ("advantage.name", "ppo", ADVANTAGES), ("loss.name", "vanilla", POLICY_LOSSES),
+    ("loss.aggregation", "mean", AGGREGATIONS), ("kl.estimator", "k4", KL_ESTIMATORS)])
+def test_unknown_names_list_the_registered_ones(compose_cfg, key, value, registry):
+    msg = _error(compose_cfg(f"{key}={value}"))
+    assert f"{key}={value!r} is not registered" in msg
+    assert str(registry.names()) in msg
+
+
+def test_registry_get_lists_names():
+    with pytest.raises(KeyError, match="registered: dr_grpo, gae, grpo, reinforce_pp"):
+        ADVANTAGES.get("nope")
+
+
+def test_gae_without_a_value_model(compose_cfg):
+    msg = _error(compose_cfg("advantage.name=gae"))  # grpo's node has no critic
+    assert "advantage.name=gae needs a value model but advantage.critic is not set" in msg
+
+
+def test_critic_with_an_estimator_that_ignores_values(compose_cfg):
+    msg = _error(compose_cfg("advantage=gae", "advantage.name=grpo", "+advantage.std=group", "+advantage.eps=0"))
+    assert "advantage.critic is set but advantage.name=grpo" in msg
+
+
+def test_rloo_with_group_size_one(compose_cfg):
+    msg = _error(compose_cfg("advantage=rloo", "train.group_size=1", "train.mini_batch_size=16",
+                             "train.micro_batch_size=16"))
+    assert "train.group_size=1: advantage.name=rloo" in msg and "group_size >= 2" in msg
+
+
+def test_reference_requested_with_zero_coefficient(compose_cfg):
+    msg = _error(compose_cfg("kl.placement=loss", "kl.coef=0", "kl.reference=true"))
+    assert "kl.reference=true with kl.coef=0 (kl.placement=loss)" in msg
+    assert "kl.reference=false with kl.coef=0.04" in _error(compose_cfg("kl.reference=false"))
+
+
+def test_adaptive_controller_needs_reward_placement_and_target(compose_cfg):
+    msg = _error(compose_cfg("kl.controller=adaptive"))
+    assert "kl.controller=adaptive with kl.placement=loss" in msg
+    assert "kl.controller=adaptive needs kl.target > 0" in msg
+    check_rl(compose_cfg("kl=k1", "kl.controller=adaptive", "kl.target=6"))
+
+
+def test_bad_option_values_are_collected_together(compose_cfg):
+    msg = _error(compose_cfg("advantage.std=global", "kl.placement=both", "loss.dual_clip=0.5",
+                             "loss.is_correction.mode=token_mask", "loss.is_correction.high=null",
+                             "advantage.whiten=all"))
+    for part in ("advantage.std='global' with advantage.name=grpo", "kl.placement='both'",
+                 "loss.dual_clip=0.5 must be > 1", "loss.is_correction.mode=token_mask needs",
+                 "advantage.whiten='all' is not registered"):
+        assert part in msg
