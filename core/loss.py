@@ -161,7 +161,9 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """``exp(d) - d - 1`` with ``d = log pi_ref - log pi`` (Schulman 2020; TRL GRPO, veRL
     ``low_var_kl``, OpenRLHF/Open-Instruct kl3 ``exp(-r) - 1 + r``): unbiased, low variance, >= 0."""
     d = ref_logp - logp  # [N, R]
-    return torch.exp(d) - d - 1.0  # [N, R]
+    # expm1(d) - d equals exp(d) - d - 1 but without the cancellation that makes it slightly
+    # negative (-1e-16) for |d| ~ 1e-12; the sources' form differs only in that rounding.
+    return torch.expm1(d) - d  # [N, R]
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kl_cfg) -> torch.Tensor:

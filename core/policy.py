@@ -1,4 +1,11 @@
-"""Forward passes that turn a rollout into per-token log-probs (and entropies) of its responses."""
+"""Forward passes that turn a rollout into per-token log-probs (and entropies) of its responses.
+
+Two savings over a plain full-sequence forward, both exact up to float rounding (tested): logits
+are computed only where they score a response token (TRL's ``logits_to_keep``), and a prompt that
+repeats on consecutive rows (the G completions of a GRPO group) is run once, its key/value cache
+repeated for the group, and only the response tokens are run per row. The gradient flows through
+the shared prompt cache, so the policy update uses the same path.
+"""
 from __future__ import annotations
 
 import torch
@@ -9,19 +16,40 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, T]
 
 
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int):
+    """``(first_rows [u], group_of_row [N])`` for runs of identical consecutive prompts."""
+    p = torch.cat([input_ids[:, :prompt_length], attention_mask[:, :prompt_length]], 1)  # [N, 2P]
+    new = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)  # [N]
+    new[1:] = (p[1:] != p[:-1]).any(-1)
+    return new.nonzero().squeeze(-1), new.long().cumsum(0) - 1
+
+
+def response_logits(model, input_ids, attention_mask, prompt_length: int) -> torch.Tensor:
+    """Logits ``[N, R, V]`` that score response tokens ``P .. T-1`` (from positions ``P-1 .. T-2``)."""
+    P, R = prompt_length, input_ids.shape[1] - prompt_length
+    pos = position_ids(attention_mask)  # [N, T]
+    first, group = prompt_groups(input_ids, attention_mask, P)  # [u], [N]
+    if len(first) == input_ids.shape[0] or R < 2:  # nothing shared: one plain forward
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
+                     logits_to_keep=R + 1).logits[:, :-1]  # [N, R, V]
+    pre = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
+                position_ids=pos[first, :P], use_cache=True, logits_to_keep=1)  # u rows
+    cache = pre.past_key_values
+    cache.reorder_cache(group)  # [N, ...] each row sees its group's prompt keys/values
+    out = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, P:-1],
+                past_key_values=cache, use_cache=True)  # [N, R-1, V]
+    return torch.cat([pre.logits[group], out.logits], 1)  # [N, R, V]
+
+
 def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temperature: float = 1.0,
-                      with_entropy: bool = False):
+                      with_entropy: bool = False, entropy_grad: bool = False):
     """Log-prob of each response token under ``model`` with logits divided by ``temperature``.
 
     Returns ``(logprobs [N, R], entropy [N, R] or None)``; position ``t`` scores token ``P + t`` from
-    the logits at ``P + t - 1``. Entropy is of the full temperature-scaled distribution.
+    the logits at ``P + t - 1``. Entropy is of the full temperature-scaled distribution, detached
+    unless ``entropy_grad`` (an entropy bonus needs its gradient; logging does not).
     """
-    R = input_ids.shape[1] - prompt_length
-    # logits only where they score a response token (TRL's ``logits_to_keep``): the LM head and the
-    # softmax skip the prompt positions
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask), use_cache=False, logits_to_keep=R + 1)
-    logits = out.logits[:, :-1].float()  # [N, R, V]
+    logits = response_logits(model, input_ids, attention_mask, prompt_length).float()  # [N, R, V]
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, -1)  # [N, R, V]
@@ -29,7 +57,8 @@ def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temp
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N, R]
     entropy = None
     if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)  # [N, R]
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(logp_all.exp() * logp_all).sum(-1)  # [N, R]
     return logp, entropy
 
 

@@ -1,8 +1,10 @@
-"""On-policy RL loop (GRPO family): setup, train, save.
+"""On-policy RL loop (GRPO family, REINFORCE++, RLOO, PPO with a critic): setup, train, save.
 
-One RL step: sample ``prompts_per_step x group_size`` completions, score them with the verifier,
+One RL step: sample ``prompts_per_step x group_size`` completions, score them with the verifier and
+shape the scores, run the rollout-phase forwards (reference, old policy, critic: only those needed),
 compute advantages, then take PPO-style optimiser steps over mini-batches of the rollout, each
-accumulated from micro-batches. Everything algorithmic is a registry lookup in ``core/``.
+accumulated from micro-batches; the critic steps alongside. Everything algorithmic is a registry
+lookup in ``core/`` (docs/algorithms.md).
 """
 from __future__ import annotations
 
@@ -125,9 +127,28 @@ def _frozen_copy(model):
 def _maybe_resume(run: Run) -> None:
     ckpt = run.run_dir / "checkpoint"
     if run.cfg.resume and (ckpt / "trainer.json").exists():
-        state = load_training_state(ckpt, run.engine)
+        state = load_training_state(ckpt, _Engines(run))
         run.step, run.history = state["step"], state["history"]
         run.sampler.restore(state["sampler"])
+        run.kl_ctl.beta = float(state.get("kl_beta", run.kl_ctl.beta))
+
+
+class _Engines:
+    """The policy engine and, when there is one, the critic's: saved into one checkpoint folder."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def save_state(self, out_dir) -> None:
+        self.run.engine.save_state(out_dir)
+        if self.run.critic is not None:
+            (Path(out_dir) / "critic").mkdir()
+            self.run.critic.save_state(Path(out_dir) / "critic")
+
+    def load_state(self, out_dir) -> None:
+        self.run.engine.load_state(out_dir)
+        if self.run.critic is not None:
+            self.run.critic.load_state(Path(out_dir) / "critic")
 
 
 def train(run: Run) -> None:
@@ -148,8 +169,9 @@ def train(run: Run) -> None:
                         kl=f"{metrics.get('kl', 0.0):.4f}")
         bar.update()
         if int(t.checkpoint_every) and run.step % int(t.checkpoint_every) == 0:
-            save_training_state(run.run_dir / "checkpoint", run.engine,
-                                {"step": run.step, "history": run.history, "sampler": run.sampler.state()})
+            save_training_state(run.run_dir / "checkpoint", _Engines(run),
+                                {"step": run.step, "history": run.history, "sampler": run.sampler.state(),
+                                 "kl_beta": run.kl_ctl.beta})
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
     run.history["eval_after"] = evaluate(run)
@@ -267,7 +289,8 @@ def micro_step(run: Run, roll: Rollout, sl: slice, mask, adv, ret, fw: Forwards,
     cfg, engine = run.cfg, run.engine
     temp = float(cfg.rollout.temperature) or 1.0
     ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
-    lp, ent = response_logprobs(engine.module, ids, am, P, temp, with_entropy=True)  # [n, R] x2
+    lp, ent = response_logprobs(engine.model, ids, am, P, temp, with_entropy=True,
+                                entropy_grad=bool(cfg.loss.get("entropy_coef")))  # [n, R] x2
     inp = LossInput(lp, fw.old[sl] if fw.old is not None else lp.detach(), adv[sl], mask[sl],
                     fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
     loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)

@@ -105,7 +105,7 @@ def build_model(path: str, cfg, tokenizer):
         RM.disable_dropout(model)
     if int(cfg.train.lora.rank) > 0:
         model = RM.apply_lora(model, cfg.train.lora)
-    return model
+    return model.train()  # from_pretrained returns eval mode, where HF skips gradient checkpointing
 
 
 def _single_process_env() -> None:
@@ -180,13 +180,15 @@ def evaluate(run: Run, keep_rewards: bool = False) -> dict:
     """Held-out pair accuracy, loss, margin and reward mean/std over ``eval_pairs``."""
     if not run.eval_pairs:
         return {}
-    t, rc, rr, margins = run.cfg.train, [], [], []
+    t, rc, rr, margins, model = run.cfg.train, [], [], [], run.engine.module
     bs = int(t.eval_batch_size)
+    model.eval()
     for i in range(0, len(run.eval_pairs), bs):
         batch = make_batch(run, run.eval_pairs[i:i + bs])
-        r = RM.sequence_rewards(run.engine.module, batch)
+        r = RM.sequence_rewards(model, batch)
         B = r.shape[0] // 2
         rc.append(r[:B]), rr.append(r[B:]), margins.append(batch["margin"])
+    model.train()
     rc, rr, margin = torch.cat(rc), torch.cat(rr), torch.cat(margins)
     loss, m = RM.bt_loss(torch.cat([rc, rr]), margin, t.loss)
     stats = RM.reward_stats(torch.cat([rc, rr]))

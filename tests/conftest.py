@@ -10,6 +10,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from core import paths  # noqa: E402
 
+try:  # property tests draw the same examples every run: CI never flakes on a new random case
+    from hypothesis import settings
+
+    settings.register_profile("repeatable", derandomize=True, print_blob=True)
+    settings.load_profile("repeatable")
+except ImportError:  # hypothesis is a dev extra
+    pass
+
 
 @pytest.fixture(scope="session")
 def shared_data():

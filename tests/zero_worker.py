@@ -59,6 +59,9 @@ def main(stage: int, out: str) -> None:
     params = _gathered(eng, stage)
     if rank == 0:
         json.dump({"losses": losses, "params": params, "grad_norm": stats["grad_norm"]}, open(out, "w"))
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()  # a clean exit: gloo aborts at interpreter shutdown otherwise
 
 
 def _gathered(eng, stage: int) -> list[float]:

@@ -89,3 +89,24 @@ def test_critic_from_policy_and_from_a_reward_model_folder(tiny_dir, tmp_path):
     critic.save_pretrained(tmp_path)  # stands in for a reward-model folder
     again = load_critic(tiny_dir, OmegaConf.create({"init_from": str(tmp_path)}), OmegaConf.create({}))
     assert torch.all(again.score.weight == 0.01)
+
+
+def test_shared_prompt_forward_matches_a_plain_forward_with_gradients(tiny_dir):
+    from core.policy import position_ids, prompt_groups
+
+    model = load_causal_lm(tiny_dir, OmegaConf.create({})).train()
+    ids, am = _batch()
+    ids[1:3], am[1:3] = ids[0], am[0]  # rows 0-2 share a prompt (and here a response too)
+    ids[3, :4], am[3, :4] = ids[4, :4], am[4, :4]  # rows 3-4 share only the prompt
+    first, group = prompt_groups(ids, am, 4)
+    assert first.tolist() == [0, 3] and group.tolist() == [0, 0, 0, 1, 1]
+    out = model(input_ids=ids, attention_mask=am, position_ids=position_ids(am), use_cache=False)
+    plain = torch.log_softmax(out.logits[:, 3:-1], -1).gather(-1, ids[:, 4:, None]).squeeze(-1)
+    plain.sum().backward()
+    g_plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    shared, _ = response_logprobs(model, ids, am, 4)
+    shared.sum().backward()
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    for a, b in zip(model.parameters(), g_plain):
+        torch.testing.assert_close(a.grad, b, atol=1e-4, rtol=1e-4)

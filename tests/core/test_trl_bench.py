@@ -1,0 +1,19 @@
+"""The TRL side-by-side benchmark runs end to end (2 steps, 1 repetition) and reports both sides."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from core.paths import PROJECT_ROOT
+
+
+@pytest.mark.slow
+def test_trl_bench_runs_both_sides():
+    env = {**os.environ, "BENCH_STEPS": "2", "BENCH_REPS": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "bench", "trl"], cwd=PROJECT_ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ratio ours/TRL" in out.stdout and out.stdout.count("peak RSS") == 3
