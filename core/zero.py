@@ -2,8 +2,9 @@
 
 Both expose the same calls, so a loop never branches on the backend:
 
-- ``engine.model``: what to call for a training forward (DeepSpeed's engine wraps the module so
-  ZeRO-3 can gather partitioned parameters; calling the bare module there gives wrong gradients);
+- ``engine.forward(fn, *args)``: a training forward, ``fn(model, *args)``. It runs inside DeepSpeed's
+  own forward, which ZeRO-3 needs: calling the bare module (or its backbone and head separately)
+  gave wrong gradients under ZeRO-3 with accumulation (tests/test_zero.py);
 - ``engine.module``: the underlying model, for generation, saving and attributes;
 - ``engine.backward(loss)``: once per micro-batch; ``loss`` must already carry its share of the
   optimiser step's normaliser (the aggregation divides by accumulation steps or token counts), so
@@ -44,12 +45,15 @@ class TorchEngine:
     """Single-process torch: the reference path every other backend must agree with."""
 
     def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int = 1):
-        self.module = self.model = model
+        self.module = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, optim_cfg)
         self.scheduler = build_scheduler(self.optimizer, optim_cfg.scheduler, total_steps)
         self.max_grad_norm = float(optim_cfg.get("max_grad_norm", 0) or 0)
         self._params = params
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(self.module, *args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -107,6 +111,18 @@ def deepspeed_config(zero_cfg, optim_cfg, micro_batch: int, grad_accum: int, wor
     return cfg
 
 
+class _Call(torch.nn.Module):
+    """The module DeepSpeed wraps: its forward runs any ``fn(inner, ...)``, so every training forward
+    (a causal-LM log-prob pass, a reward head on the backbone) goes through DeepSpeed's forward."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(self.inner, *args, **kwargs)
+
+
 class DeepSpeedEngine:
     """DeepSpeed ZeRO behind the TorchEngine calls (``zero.stage`` 1, 2 or 3)."""
 
@@ -121,8 +137,18 @@ class DeepSpeedEngine:
         ds_cfg = deepspeed_config(zero_cfg, optim_cfg, micro_batch, grad_accum, world)
         self.grad_accum, self._micro = grad_accum, 0
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
-        self.model, self.module = self.engine, self.engine.module
+            model=_Call(model), optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
+
+    @property
+    def module(self):
+        return self.engine.module.inner
+
+    @module.setter
+    def module(self, model) -> None:  # e.g. a LoRA model replaced by its merged base before saving
+        self.engine.module.inner = model
+
+    def forward(self, fn, *args, **kwargs):
+        return self.engine(fn, *args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
         # The loss already carries its accumulation normaliser: stop DeepSpeed dividing by GAS again.
@@ -150,8 +176,11 @@ class DeepSpeedEngine:
         """Gather (ZeRO-3) and save a plain Hugging Face folder from rank 0."""
         import torch.distributed as dist
 
-        state = self.engine._zero3_consolidated_16bit_state_dict() if self.engine.zero_optimization_stage() == 3 \
-            else self.module.state_dict()
+        if self.engine.zero_optimization_stage() == 3:
+            full = self.engine._zero3_consolidated_16bit_state_dict() or {}  # rank 0 only
+            state = {k.removeprefix("inner."): v for k, v in full.items()}
+        else:
+            state = self.module.state_dict()
         if not dist.is_initialized() or dist.get_rank() == 0:
             self.module.save_pretrained(out_dir, state_dict=state)
             if tokenizer is not None:

@@ -289,8 +289,8 @@ def micro_step(run: Run, roll: Rollout, sl: slice, mask, adv, ret, fw: Forwards,
     cfg, engine = run.cfg, run.engine
     temp = float(cfg.rollout.temperature) or 1.0
     ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
-    lp, ent = response_logprobs(engine.model, ids, am, P, temp, with_entropy=True,
-                                entropy_grad=bool(cfg.loss.get("entropy_coef")))  # [n, R] x2
+    lp, ent = engine.forward(response_logprobs, ids, am, P, temp, with_entropy=True,
+                             entropy_grad=bool(cfg.loss.get("entropy_coef")))  # [n, R] x2
     inp = LossInput(lp, fw.old[sl] if fw.old is not None else lp.detach(), adv[sl], mask[sl],
                     fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
     loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)
@@ -298,7 +298,7 @@ def micro_step(run: Run, roll: Rollout, sl: slice, mask, adv, ret, fw: Forwards,
     metrics["loss"] = loss.item() * agg.num_micro_batches
     if run.critic is not None:
         c = cfg.advantage.critic
-        v = token_values(run.critic.module, ids, am, P)  # [n, R]
+        v = run.critic.forward(token_values, ids, am, P)  # [n, R]
         per_token = value_loss(v, fw.values[sl], ret[sl], c.get("clip"))  # [n, R]
         vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, mask[sl], agg)
         run.critic.backward(vloss)

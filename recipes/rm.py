@@ -166,7 +166,7 @@ def rm_step(run: Run) -> dict:
     with timer.phase("update"):
         for u0 in range(0, len(idx), micro):
             batch = make_batch(run, [run.train_pairs[i] for i in idx[u0:u0 + micro]])
-            r = RM.sequence_rewards(engine.module, batch)  # [2 x micro]
+            r = engine.forward(RM.sequence_rewards, batch)  # [2 x micro]
             loss, m = RM.bt_loss(r, batch["margin"], t.loss)
             engine.backward(loss / accum)
             for k, v in {**m, "loss": loss.item()}.items():

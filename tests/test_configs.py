@@ -45,9 +45,30 @@ def _documented(lines: list[str], i: int) -> bool:
     return False
 
 
+def _keys(path) -> list[int]:
+    lines = path.read_text().splitlines()
+    return [i for i, line in enumerate(lines) if re.match(r"^[A-Za-z_]\w*:", line) and not line.startswith("defaults:")]
+
+
+def _bases(path) -> list:
+    """Options of the same group this file extends through its defaults list (``- name`` lines)."""
+    text = path.read_text()
+    if "defaults:" not in text:
+        return []
+    names = re.findall(r"^\s+-\s+([\w/]+)\s*$", text.split("defaults:", 1)[1], re.M)
+    return [path.parent / f"{n}.yaml" for n in names if n != "_self_" and (path.parent / f"{n}.yaml").exists()]
+
+
+def _documented_keys(path) -> set[str]:
+    lines = path.read_text().splitlines()
+    own = {lines[i].split(":")[0] for i in _keys(path) if _documented(lines, i)}
+    return own.union(*(_documented_keys(b) for b in _bases(path)))
+
+
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: str(p.relative_to(CONF_DIR)))
 def test_every_top_level_key_is_documented(path):
+    """Each key has a comment where it lives: here, or in the option this file extends."""
     lines = path.read_text().splitlines()
-    keys = [i for i, line in enumerate(lines) if re.match(r"^[A-Za-z_]\w*:", line) and not line.startswith("defaults:")]
-    undocumented = [lines[i].split(":")[0] for i in keys if not _documented(lines, i)]
+    keys = [lines[i].split(":")[0] for i in _keys(path)]
+    undocumented = sorted(set(keys) - _documented_keys(path))
     assert keys and not undocumented, f"{path}: keys without a comment: {undocumented}"

@@ -40,3 +40,20 @@ def test_deepspeed_zero_matches_torch_engine(reference, tmp_path, stage):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
     assert got["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
     assert len(got["losses"]) == 3 and got["losses"][-1] < got["losses"][0]
+
+
+@pytest.mark.distributed
+def test_reward_model_zero3_with_accumulation_matches_plain_torch(tmp_path):
+    """Regression: the RM head read off the backbone must run inside DeepSpeed's forward under ZeRO-3."""
+    from tests.helpers import run_cli
+
+    norms = {}
+    for zero in ("none", "stage3"):
+        proc = run_cli(tmp_path / zero, "recipe=tiny_rm", f"zero={zero}", "train.max_steps=3",
+                       "train.micro_batch_size=8", "train.eval_before=false", "train.eval_every=0",
+                       "logger.progress=false", "logger.tensorboard=false")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [json.loads(line) for line in (tmp_path / zero / "run" / "metrics.jsonl").read_text().splitlines()]
+        norms[zero] = [r["grad_norm"] for r in rows if "grad_norm" in r]
+    assert len(norms["none"]) == 3
+    assert norms["stage3"] == pytest.approx(norms["none"], rel=1e-4)

@@ -51,7 +51,7 @@ def main(stage: int, out: str) -> None:
         total = 0.0
         for m in range(accum):
             x, y = shard_x[m * MICRO:(m + 1) * MICRO], shard_y[m * MICRO:(m + 1) * MICRO]
-            loss = torch.nn.functional.mse_loss(eng.model(x), y) / accum  # mean over the step
+            loss = torch.nn.functional.mse_loss(eng.forward(lambda m, x: m(x), x), y) / accum  # mean over the step
             eng.backward(loss)
             total += loss.item()
         stats = eng.step()

@@ -118,6 +118,6 @@ def test_tiny_rm_reaches_90_percent_held_out_accuracy(tmp_path):
 @pytest.mark.slow
 def test_hh_rlhf_trains_end_to_end_with_a_real_held_out_accuracy(tmp_path, shared_data):
     s = _run("tiny_rm", tmp_path, "data=pairs_hh_rlhf", "train.max_len=1024", "train.batch_size=16",
-             "train.micro_batch_size=16", "train.epochs=1", "train.eval_every=0", "train.eval_batch_size=32")
+             "train.micro_batch_size=16", "train.max_steps=40", "train.eval_every=0", "train.eval_batch_size=32")
     assert s["eval_pairs"] > 100 and 0.0 < s["eval_after"] < 1.0 and s["reward_std"] > 1e-4, s
     assert s["data"]["train"]["data/train/too_long_dropped"] > 0
