@@ -183,6 +183,8 @@ def rl_step(run: Run) -> dict:
     cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
     idx = run.sampler.next()
     rows = [run.train_rows[i] for i in idx for _ in range(G)]  # group-major: G consecutive rows per prompt
+    with timer.phase("sync"):
+        run.rollout.sync_weights(run.engine.module)  # no-op in-process; vLLM gets the new weights
     with timer.phase("generate"):
         roll = run.rollout.generate([run.train_ids[i] for i in idx for _ in range(G)],
                                     Sampling.from_cfg(cfg.rollout))
@@ -322,6 +324,7 @@ def evaluate(run: Run) -> float:
     rows, ids = run.eval_rows[:n], run.eval_ids[:n]
     if not rows:
         return float("nan")
+    run.rollout.sync_weights(run.engine.module)
     roll = run.rollout.generate(ids, Sampling.from_cfg(run.cfg.rollout, greedy=True))
     scores, valid = score(run, roll, rows)
     return (scores[valid] > 0).float().mean().item() if valid.any() else float("nan")
