@@ -12,6 +12,7 @@ only, imported lazily).
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,12 +31,16 @@ def register_engine(name: str):
     return deco
 
 
+# Engines whose module imports GPU-only packages: imported (and so registered) only when asked for.
+_LAZY = {"vllm": "core.rollout_vllm"}
+
+
 def build_engine(name: str, model, tokenizer, cfg):
-    """The engine registered as ``name``; ``vllm`` is imported only when asked for."""
-    if name == "vllm" and name not in _ENGINES:
-        import core.rollout_vllm  # noqa: F401  (registers itself; needs the gpu extra)
+    """The engine registered as ``name`` (a lazy one is imported first)."""
+    if name not in _ENGINES and name in _LAZY:
+        importlib.import_module(_LAZY[name])
     if name not in _ENGINES:
-        raise KeyError(f"unknown rollout.engine {name!r}; registered: {', '.join(sorted(_ENGINES) + ['vllm'])}")
+        raise KeyError(f"unknown rollout.engine {name!r}; registered: {', '.join(sorted({*_ENGINES, *_LAZY}))}")
     return _ENGINES[name](model, tokenizer, cfg)
 
 

@@ -18,6 +18,7 @@ tested here.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -123,6 +124,13 @@ class _Call(torch.nn.Module):
         return fn(self.inner, *args, **kwargs)
 
 
+def _single_process_env() -> None:
+    """DeepSpeed outside a launcher (e.g. ``scale=tiny`` in one CPU process): a world of one."""
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+
+
 class DeepSpeedEngine:
     """DeepSpeed ZeRO behind the TorchEngine calls (``zero.stage`` 1, 2 or 3)."""
 
@@ -130,6 +138,9 @@ class DeepSpeedEngine:
         import deepspeed
         import torch.distributed as dist
 
+        if not dist.is_initialized():
+            _single_process_env()
+            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = build_optimizer(params, optim_cfg)
         scheduler = build_scheduler(optimizer, optim_cfg.scheduler, total_steps)

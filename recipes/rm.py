@@ -9,7 +9,6 @@ and after training; the final eval rewards' mean/std are saved with the model so
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,8 +70,6 @@ def setup(cfg) -> Run:
     eval_pairs = PD.tokenize_pairs(eval_rows, tokenizer, cfg.data, max_len, stats["eval"])
     plan = plan_batches(cfg.train, len(train_pairs))  # again: length filters may have dropped pairs
     model = build_model(path, cfg, tokenizer)
-    if int(cfg.zero.stage) > 0:
-        _single_process_env()
     engine = build_engine(model, cfg.optim, cfg.zero, plan["total_steps"], plan["grad_accum"],
                           int(cfg.train.micro_batch_size))
     run = Run(cfg, run_dir, plan, train_pairs, eval_pairs, stats, tokenizer, engine,
@@ -106,13 +103,6 @@ def build_model(path: str, cfg, tokenizer):
     if int(cfg.train.lora.rank) > 0:
         model = RM.apply_lora(model, cfg.train.lora)
     return model.train()  # from_pretrained returns eval mode, where HF skips gradient checkpointing
-
-
-def _single_process_env() -> None:
-    """DeepSpeed outside a launcher (e.g. ``scale=tiny`` on one CPU process): a world of one."""
-    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
 
 
 def _maybe_resume(run: Run) -> None:

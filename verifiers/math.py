@@ -19,12 +19,14 @@ from verifiers._common import column, last_boxed_content, texts
 from verifiers.mv import (
     DEFAULT_ANSWER_CONFIG,
     OPEN_R1_ANSWER_CONFIG,
+    closed_form_value,
     exact_value,
     latex_fast_path,
     mv_parse,
     mv_verify,
     numeric_fast_path,
     parse_gold_cached,
+    provably_distinct_latex,
     provably_unequal,
 )
 from verifiers.pool import map_scores
@@ -34,14 +36,21 @@ GOLD_COLUMNS = ("answer", "solution", "ground_truth")
 
 def fast_default(text: str, gold: str) -> float | None:
     """In-process exact paths: identical answer text, or both sides plain numbers / integer fractions / sqrt (see
-    ``verifiers.mv.latex_fast_path``, whose forms always parse, so "no box" is a certain 0.0)."""
+    ``verifiers.mv.latex_fast_path``), then provable inequality of two closed-form reals
+    (``verifiers.mv.provably_distinct_latex``; never equality). Both gold grammars always parse in math-verify, so
+    "no box" is a certain 0.0 and identical text a certain 1.0."""
     gold = str(gold)
     content = last_boxed_content(text)
-    if exact_value(gold) is None and numeric_fast_path(gold, gold) != 1.0:
+    if exact_value(gold) is None and numeric_fast_path(gold, gold) != 1.0 and closed_form_value(gold) is None:
         return None  # gold parsing (~3 ms of antlr) happens in the pool, once per worker
     if content is not None and content.strip() == gold.strip():
         return 1.0
-    return 0.0 if content is None else latex_fast_path(content, gold)
+    if content is None:
+        return 0.0
+    fast = latex_fast_path(content, gold)
+    if fast is None and provably_distinct_latex(content, gold):
+        return 0.0  # distinct closed-form reals: math-verify's verdict is certainly False
+    return fast
 
 
 def answer_key(text: str, gold: str) -> tuple:

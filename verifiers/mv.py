@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import cmath
 import functools
+import math
 import re
 import threading
 from decimal import Decimal, InvalidOperation
@@ -173,3 +174,186 @@ def provably_unequal(gold: Sequence, answer: Sequence) -> bool:
             if a is None or b is None or abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b)):
                 return False
     return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Provable inequality of closed-form real numbers, decided in the caller without math-verify.
+# ---------------------------------------------------------------------------------------------------------------
+_TOKEN = re.compile(r"\s*(?:(\d{1,30}(?:\.\d{1,30})?)|\\(dfrac|tfrac|frac|sqrt|pi|cdot|times)(?![A-Za-z])|([-+(){}\[\]^]))")
+_MAX_ABS = 1e100  # larger intermediate values: decline (float range and precision stay far from their limits)
+
+
+class _Decline(Exception):
+    pass
+
+
+class _Eval:
+    """Recursive descent over the token list; raises ``_Decline`` on anything outside the grammar."""
+
+    def __init__(self, toks: list[tuple[str, str]]):
+        self.toks, self.i = toks, 0
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self, kind: str | None = None, val: str | None = None) -> tuple[str, str]:
+        t = self.peek()
+        if t is None or (kind is not None and t[0] != kind) or (val is not None and t[1] != val):
+            raise _Decline
+        self.i += 1
+        return t
+
+    def at(self, kind: str, *vals: str) -> bool:
+        t = self.peek()
+        return t is not None and t[0] == kind and (not vals or t[1] in vals)
+
+    @staticmethod
+    def check(v: float) -> float:
+        if not (abs(v) <= _MAX_ABS):  # also rejects nan
+            raise _Decline
+        return v
+
+    def expr(self) -> float:  # term (('+' | '-') term)*
+        v = self.term()
+        while self.at("op", "+", "-"):
+            op = self.take()[1]
+            v = self.check(v + self.term() if op == "+" else v - self.term())
+        return v
+
+    def term(self) -> float:  # unary ((\cdot | \times) unary)*
+        v = self.unary()
+        while self.at("cmd", "cdot", "times"):
+            self.take()
+            v = self.check(v * self.unary())
+        return v
+
+    def unary(self) -> float:  # ('-' | '+') unary | chain;  -2^2 = -(2^2), as latex2sympy reads it
+        if self.at("op", "-", "+"):
+            return -self.unary() if self.take()[1] == "-" else self.unary()
+        return self.chain()
+
+    def chain(self) -> float:
+        # Implicit multiplication only as NUM? (\sqrt | \pi)*: "2\sqrt{3}\pi". latex2sympy reads "2(3)", "(2)(3)",
+        # "{2}{3}" and "1 2" as SUMS and "2\frac{1}{2}" as a mixed number, so every other juxtaposition declines.
+        juxtaposable = self.at("num") or self.at("cmd", "sqrt", "pi")  # not "(2)\sqrt{3}", "\frac{1}{2}\pi"
+        v = self.power()
+        while juxtaposable and self.at("cmd", "sqrt", "pi"):
+            v = self.check(v * self.power())
+        return v
+
+    def power(self) -> float:  # primary ('^' ('{' [-+]? INT '}' | one digit))?; chained ^ declines
+        base = self.primary()
+        if not self.at("op", "^"):
+            return base
+        self.take()
+        if self.at("op", "{"):
+            self.take()
+            sign = -1 if self.at("op", "-") else 1
+            if self.at("op", "-", "+"):
+                self.take()
+            e = self.take("num")[1]
+            self.take("op", "}")
+        else:
+            sign, e = 1, self.take("num")[1]
+            if len(e) != 1:  # "2^23" is 2**23 to latex2sympy, "2^2.5" is unclear: decline
+                raise _Decline
+        if "." in e or len(e) > 3 or self.at("op", "^"):
+            raise _Decline
+        n = sign * int(e)
+        if base == 0 and n <= 0:
+            raise _Decline
+        try:
+            return self.check(float(base) ** n)
+        except (OverflowError, ZeroDivisionError):
+            raise _Decline from None
+
+    def group(self) -> float:  # '{' expr '}'
+        self.take("op", "{")
+        v = self.expr()
+        self.take("op", "}")
+        return v
+
+    def primary(self) -> float:
+        t = self.take()
+        if t[0] == "num":
+            return self.check(float(t[1]))
+        if t == ("op", "("):
+            v = self.expr()
+            self.take("op", ")")
+            return v
+        if t == ("op", "{"):
+            self.i -= 1
+            return self.group()
+        if t[0] == "cmd" and t[1] in ("frac", "dfrac", "tfrac"):  # braced arguments only ("\frac123" is 1/23)
+            num, den = self.group(), self.group()
+            if den == 0:
+                raise _Decline
+            return self.check(num / den)
+        if t == ("cmd", "sqrt"):
+            root = 2
+            if self.at("op", "["):
+                self.take()
+                r = self.take("num")[1]
+                self.take("op", "]")
+                if "." in r or not 2 <= int(r) <= 100:
+                    raise _Decline
+                root = int(r)
+            x = self.group()  # braced radicand only ("\sqrt23" is sqrt(2)*3)
+            if x < 0:  # sympy's principal root of a negative number is complex: decline
+                raise _Decline
+            return self.check(x ** (1.0 / root))
+        if t == ("cmd", "pi"):
+            return math.pi
+        raise _Decline
+
+
+@functools.lru_cache(maxsize=65536)
+def closed_form_value(s: str) -> float | None:
+    """Real value of ``s`` if it lies in a small unambiguous LaTeX grammar, else None.
+
+    Grammar: decimal / integer literals (at most 30 digits each side), ``\\frac``/``\\dfrac``/``\\tfrac`` with braced
+    arguments, ``\\sqrt{x}`` and ``\\sqrt[n]{x}`` (x >= 0), ``\\pi``, binary ``+ - \\cdot \\times``, unary ``-``/``+``,
+    ``( )`` and ``{ }`` grouping, ``^{k}`` / ``^d`` with an integer k (|k| < 1000) or one digit (no chained ``^``), and
+    implicit multiplication only as a number or ``\\sqrt``/``\\pi`` followed by ``\\sqrt``/``\\pi`` factors.
+    Everything else -- letters (``i``, ``e``, units), ``\\infty``, ``,``, ``=``, ``/``, ``\\%``, ``\\text``,
+    ``^\\circ``, ``\\pm``, ``\\left``, intervals, sets, matrices, any other command or juxtaposition -- gives None.
+    """
+    toks, pos, s = [], 0, s.strip()
+    while pos < len(s):
+        m = _TOKEN.match(s, pos)
+        if m is None or m.end() == pos:
+            return None
+        pos = m.end()
+        if m.group(1) is not None:
+            toks.append(("num", m.group(1)))
+        elif m.group(2) is not None:
+            toks.append(("cmd", m.group(2)))
+        else:
+            toks.append(("op", m.group(3)))
+    if not toks:
+        return None
+    p = _Eval(toks)
+    try:
+        v = p.expr()
+    except (_Decline, RecursionError, ValueError, OverflowError, ZeroDivisionError):
+        return None
+    return v if p.i == len(toks) and math.isfinite(v) else None
+
+
+def provably_distinct_latex(pred: str, gold: str) -> bool:
+    """True when ``pred`` and ``gold`` are both in ``closed_form_value``'s grammar and their values are far apart.
+
+    Why this never contradicts math-verify (``verify(gold, answer, float_rounding=6, strict=True)``): every string in
+    the grammar is a closed-form real number that latex2sympy parses to the same value (the grammar excludes each
+    form it reads unusually: "2(3)" = 5, "{2}{3}" = 5, "1 2" = 3, "2\\frac{1}{2}" = 5/2, "\\frac123" = 1/23,
+    "2^23" = 2**23, "2^3^2" = (2^3)^2, odd roots of negatives, which sympy makes complex), so both parses are
+    numbers with no symbols, relations, sets, tuples or matrices. For such a pair ``sympy_expr_eq`` can only succeed
+    through ``str`` equality, exact ``doit()`` equality, ``round(6)`` equality when a Float is involved (values
+    within 1e-6), ``evalf(chop=True, n=15)`` of the difference being 0, or ``simplify(a - b) == 0``: each needs the
+    values to agree to ~1e-6. The extracted strings can only compare equal when the texts normalise identically,
+    which preserves the value. So a float gap of more than 1e-4 * max(1, |a|, |b|) (float error here is ~1e-15
+    relative) means math-verify says False. It is never used to declare equality. tests/verifiers/test_math.py
+    checks it against math-verify on MATH500 gold pairs and on the odd forms above.
+    """
+    a, b = closed_form_value(pred), closed_form_value(gold)
+    return a is not None and b is not None and abs(a - b) > 1e-4 * max(1.0, abs(a), abs(b))

@@ -128,3 +128,86 @@ def test_provably_unequal_only_when_math_verify_says_no(gold, pred, unequal):
     assert provably_unequal(g, a) is unequal
     if unequal:
         assert mv_verify(g, a) is False
+
+
+# Forms latex2sympy reads unusually ("2(3)" = 5, "1 2" = 3, "2\frac{1}{2}" = 5/2, "\frac123" = 1/23, "2^23" = 2**23,
+# "2^3^2" = 64, odd roots of negatives are complex) and ordinary ones: the evaluator must decline the former and
+# agree in value with math-verify's parse on everything it accepts.
+_ODD_FORMS = [r"2(3)", r"(2)(3)", r"{2}{3}", "1 2", r"2\frac{1}{2}", r"2\frac12", r"\frac123", r"\sqrt23", "2^23",
+              "2^3^2", r"2^{3}^{2}", r"\sqrt[3]{-8}", r"\sqrt{-4}", "2.5.3", r"\pi2", r"\sqrt{2}3", r"(2)\sqrt{3}",
+              r"\frac{1}{2}\pi", r"\frac{1}{2}(3)", "1,000", "2i", r"\infty", r"50\%", r"5^\circ", r"\pm 2", "x=5",
+              r"\text{5}", "(1,2)", r"[0,1]", r"\{2\}", r"\left(2\right)", "1/2", "0^{-1}", r"\frac{1}{0}", "e",
+              "-2^2", r"2\cdot-3", r"2\times-3", "--3", "+3", "2+-3", r"1-(2-3)", r"2^{-2}", "(-2)^3", r"10^{-3}",
+              r"2\sqrt{2}\pi", r"2\pi\sqrt{2}", r"\pi\sqrt{2}", r"2\sqrt{2}^2", r"2\pi^2", r"1.5\sqrt{2}", r"0.5\pi",
+              r"\frac {1}{2}", r"\frac{1} {2}", r"2 \pi", r"\sqrt {2}", r"2^{ 3 }", r"\sqrt[3]{8}", r"\sqrt[ 3 ]{8}",
+              r"2^2\sqrt{3}", r"5\cdot 2^{3}", r"3^{2}\cdot\pi", r"\sqrt{\pi}", r"\frac{-1}{2}", r"-\frac{\pi}{6}",
+              r"3-2\sqrt{2}", r"\dfrac{3}{4}", r"\tfrac{3}{4}", "0.75", "12", "12.0"]
+_MUST_DECLINE = _ODD_FORMS[:35]
+
+
+def _mv_value(s):
+    """math-verify's parse of ``s`` as a gold, as a complex number, or None if not a plain number."""
+    from verifiers.math import gold_as_latex
+    from verifiers.mv import parse_gold_cached
+
+    parsed = list(parse_gold_cached(gold_as_latex(s)))
+    assert parsed, s  # every string in the evaluator's grammar parses, so its "no box" / identical-text 1.0 hold
+    try:
+        return complex(parsed[0].evalf(30))
+    except (TypeError, AttributeError):
+        return None
+
+
+def test_closed_form_value_declines_odd_forms_and_matches_math_verify_values():
+    from verifiers.mv import closed_form_value
+
+    assert [s for s in _MUST_DECLINE if closed_form_value(s) is not None] == []
+    accepted = [s for s in _ODD_FORMS if closed_form_value(s) is not None]
+    assert len(accepted) >= 35
+    for s in accepted:
+        v, ref = closed_form_value(s), _mv_value(s)
+        assert ref is not None and abs(ref.imag) < 1e-12 and abs(v - ref.real) <= 1e-9 * max(1, abs(v)), (s, v, ref)
+
+
+def _inequality_agrees(pairs):
+    from verifiers.math import gold_as_latex
+    from verifiers.mv import DEFAULT_ANSWER_CONFIG, mv_parse, mv_verify, parse_gold_cached, provably_distinct_latex
+
+    answers, claimed, contradictions = {}, 0, []
+    for gold, pred in pairs:
+        if not provably_distinct_latex(pred, gold):
+            continue
+        claimed += 1
+        if pred not in answers:
+            answers[pred] = mv_parse("\\boxed{" + pred + "}", DEFAULT_ANSWER_CONFIG)
+        if mv_verify(list(parse_gold_cached(gold_as_latex(gold))), answers[pred]):
+            contradictions.append((gold, pred))
+    return claimed, contradictions
+
+
+def test_provably_distinct_latex_on_odd_forms():
+    from verifiers.mv import closed_form_value
+
+    accepted = [s for s in _ODD_FORMS if closed_form_value(s) is not None]
+    claimed, bad = _inequality_agrees([(g, p) for g in accepted for p in accepted])
+    assert bad == [] and claimed >= 800
+
+
+def test_provably_distinct_latex_agrees_with_math_verify_on_math500(shared_data):
+    """Every MATH500 gold in the evaluator's grammar: its value equals math-verify's parse; then all self-pairs and
+    3000 deterministic cross pairs: whenever the evaluator claims inequality, ``verify`` says False."""
+    import random
+
+    from verifiers.mv import closed_form_value, provably_distinct_latex
+
+    golds = sorted({r["answer"] for r in _rows(shared_data / "math500" / "test.jsonl")})
+    accepted = [g for g in golds if closed_form_value(g) is not None]
+    assert len(accepted) >= 150
+    for g in accepted:
+        ref = _mv_value(g)
+        assert ref is not None and abs(ref.imag) < 1e-12 and abs(closed_form_value(g) - ref.real) <= 1e-9 * max(1, abs(ref)), g
+    assert not any(provably_distinct_latex(g, g) for g in accepted)
+    rng = random.Random(0)
+    pairs = [(rng.choice(accepted), rng.choice(accepted)) for _ in range(3000)]
+    claimed, bad = _inequality_agrees(pairs)
+    assert bad == [] and claimed >= 2500
