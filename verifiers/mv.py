@@ -179,7 +179,9 @@ def provably_unequal(gold: Sequence, answer: Sequence) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 # Provable inequality of closed-form real numbers, decided in the caller without math-verify.
 # ---------------------------------------------------------------------------------------------------------------
-_TOKEN = re.compile(r"\s*(?:(\d{1,30}(?:\.\d{1,30})?)|\\(dfrac|tfrac|frac|sqrt|pi|cdot|times)(?![A-Za-z])|([-+(){}\[\]^]))")
+_TOKEN = re.compile(
+    r"\s*(?:(\d{1,30}(?:\.\d{1,30})?)|\\(dfrac|tfrac|frac|sqrt|pi|cdot|times)(?![A-Za-z])|([-+(){}\[\]^]))"
+)
 _MAX_ABS = 1e100  # larger intermediate values: decline (float range and precision stay far from their limits)
 
 
