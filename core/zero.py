@@ -45,7 +45,7 @@ def build_optimizer(params, optim_cfg):
 class TorchEngine:
     """Single-process torch: the reference path every other backend must agree with."""
 
-    def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int = 1):
+    def __init__(self, model, optim_cfg, total_steps: int):
         self.module = model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, optim_cfg)
@@ -166,6 +166,8 @@ class DeepSpeedEngine:
         # DeepSpeed counts the micro-steps itself and steps at the boundary (its documented pattern:
         # backward + step per micro-batch); step() below only checks the count and reports.
         self._micro += 1
+        if self._micro == self.grad_accum:  # the rate this optimiser step uses, as TorchEngine reports it
+            self._lr = self.scheduler.get_last_lr()[0] if self.scheduler is not None else float("nan")
         self.engine.backward(loss, scale_wrt_gas=False)
         self.engine.step()
 
@@ -174,8 +176,7 @@ class DeepSpeedEngine:
             raise RuntimeError(f"step() after {self._micro} micro-batches; the engine was built for {self.grad_accum}")
         self._micro = 0
         norm = self.engine.get_global_grad_norm()
-        lr = self.scheduler.get_last_lr()[0] if self.scheduler is not None else float("nan")
-        return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": lr}
+        return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": self._lr}
 
     def save_state(self, out_dir) -> None:
         self.engine.save_checkpoint(str(out_dir), tag="engine")
@@ -201,5 +202,5 @@ class DeepSpeedEngine:
 def build_engine(model, optim_cfg, zero_cfg, total_steps: int, grad_accum: int, micro_batch: int):
     """``TorchEngine`` for ``zero.stage == 0``, else ``DeepSpeedEngine``."""
     if int(zero_cfg.stage) == 0:
-        return TorchEngine(model, optim_cfg, total_steps, grad_accum)
+        return TorchEngine(model, optim_cfg, total_steps)
     return DeepSpeedEngine(model, optim_cfg, total_steps, grad_accum, zero_cfg, micro_batch)

@@ -39,6 +39,7 @@ def test_deepspeed_zero_matches_torch_engine(reference, tmp_path, stage):
     for a, b in zip(got["params"], reference["params"]):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
     assert got["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-4)
+    assert got["lrs"] == pytest.approx(reference["lrs"])  # the rate each step used, on both engines
     assert len(got["losses"]) == 3 and got["losses"][-1] < got["losses"][0]
 
 

@@ -44,7 +44,7 @@ def main(stage: int, out: str) -> None:
     accum = GLOBAL_BATCH // (MICRO * world)
     eng = build_engine(model(), OPTIM, OmegaConf.create({"stage": stage}), STEPS, accum, MICRO)
     xs, ys = data()
-    losses = []
+    losses, lrs = [], []
     for s in range(STEPS):
         shard_x = xs[s].view(world, -1, 6)[rank]  # this rank's GLOBAL_BATCH / world rows
         shard_y = ys[s].view(world, -1, 1)[rank]
@@ -55,10 +55,11 @@ def main(stage: int, out: str) -> None:
             eng.backward(loss)
             total += loss.item()
         stats = eng.step()
+        lrs.append(stats["lr"])
         losses.append(total)
     params = _gathered(eng, stage)
     if rank == 0:
-        json.dump({"losses": losses, "params": params, "grad_norm": stats["grad_norm"]}, open(out, "w"))
+        json.dump({"losses": losses, "lrs": lrs, "params": params, "grad_norm": stats["grad_norm"]}, open(out, "w"))
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()  # a clean exit: gloo aborts at interpreter shutdown otherwise
