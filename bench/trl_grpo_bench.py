@@ -8,6 +8,13 @@ repetitions; the per-step wall time excludes setup and the first (warm-up) step;
 the child process's peak RSS (``ru_maxrss``). Both sides use the same intra-op thread count
 (``BENCH_THREADS``, default 1: the tiny model gains nothing from more on 2 shared cores).
 
+Where the floor is: one extra, untimed step of each side runs under ``torch.utils.flop_counter``,
+which counts the matrix-multiply FLOPs the step really executes (forward, backward, generation;
+``mm``/``addmm``/``bmm``, not the CPU attention kernel, a few per cent here). Divided by this
+machine's measured fp32 GEMM rate at the model's layer shapes, that is the time the step could take
+if nothing but its matmuls cost anything; the ratio of our floor to TRL's measured step is the
+lowest ratio reachable without doing less arithmetic.
+
     python -m bench trl                      # or: make bench
     BENCH_REPS=5 BENCH_STEPS=8 python -m bench trl
 """
@@ -53,8 +60,11 @@ def _shared_cfg():
         f"seed={SEED}"])
 
 
-def run_ours() -> list[float]:
-    """Per-step wall times of ``recipes.rl.rl_step`` (setup excluded)."""
+def run_ours() -> tuple[list[float], float]:
+    """Per-step wall times of ``recipes.rl.rl_step`` (setup excluded) and the matmul FLOPs of one
+    more (untimed) step."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     from recipes import rl
 
     run = rl.setup(_shared_cfg(), run_dir=tempfile.mkdtemp(prefix="bench_ours_"))
@@ -63,12 +73,16 @@ def run_ours() -> list[float]:
         t0 = time.perf_counter()
         rl.rl_step(run)
         times.append(time.perf_counter() - t0)
-    return times
+    with FlopCounterMode(display=False) as counter:
+        rl.rl_step(run)
+    return times, counter.get_total_flops()
 
 
-def run_trl() -> list[float]:
-    """Per-step wall times of ``GRPOTrainer.train`` (between consecutive ``on_step_end``)."""
+def run_trl() -> tuple[list[float], float]:
+    """Per-step wall times of ``GRPOTrainer.train`` (between consecutive ``on_step_end``) and the
+    matmul FLOPs of one more step (the last, counted from ``on_step_begin`` and not timed)."""
     from datasets import Dataset
+    from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -88,20 +102,27 @@ def run_trl() -> list[float]:
 
     class Timer(TrainerCallback):
         def __init__(self):
-            self.marks = []
+            self.marks, self.counter = [], FlopCounterMode(display=False)
 
         def on_train_begin(self, *a, **k):
             self.marks.append(time.perf_counter())
 
-        def on_step_end(self, *a, **k):
-            self.marks.append(time.perf_counter())
+        def on_step_begin(self, args, state, control, **k):
+            if state.global_step == STEPS:  # the extra step: count, do not time
+                self.counter.__enter__()
+
+        def on_step_end(self, args, state, control, **k):
+            if state.global_step == STEPS + 1:
+                self.counter.__exit__(None, None, None)
+            else:
+                self.marks.append(time.perf_counter())
 
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="bench_trl_"), use_cpu=True, bf16=False, fp16=False,
         gradient_checkpointing=False, report_to="none", loss_type="bnpo", beta=BETA, num_generations=GROUP,
         per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1,
         max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, max_steps=STEPS,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, max_steps=STEPS + 1,
         logging_steps=10**6, save_strategy="no", seed=SEED, dataloader_num_workers=0, disable_tqdm=True,
         scale_rewards="group", epsilon=0.2)
     timer = Timer()
@@ -109,7 +130,7 @@ def run_trl() -> list[float]:
                           reward_funcs=[math_reward], args=args, train_dataset=dataset,
                           processing_class=load_tokenizer(path), callbacks=[timer])
     trainer.train()
-    return [b - a for a, b in zip(timer.marks, timer.marks[1:])]
+    return [b - a for a, b in zip(timer.marks, timer.marks[1:])], timer.counter.get_total_flops()
 
 
 SIDES = {"ours": run_ours, "trl": run_trl}
@@ -123,9 +144,26 @@ def child(side: str) -> None:
 
     torch.set_num_threads(THREADS)
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    times = SIDES[side]()
+    times, flops = SIDES[side]()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"side": side, "step_s": times, "peak_rss_mb": peak_mb}), flush=True)
+    print(json.dumps({"side": side, "step_s": times, "flops": flops, "peak_rss_mb": peak_mb}), flush=True)
+
+
+def gemm_rate(reps: int = 200) -> float:
+    """fp32 FLOP/s of this machine's GEMM at the tiny model's MLP shape (one step's worth of rows)."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    tiny = _shared_cfg().model.tiny
+    a = torch.randn(PROMPTS * GROUP * MAX_NEW, int(tiny.hidden_size))  # [tokens, H]
+    w = torch.randn(int(tiny.intermediate_size), int(tiny.hidden_size))  # [I, H]
+    best = float("inf")
+    for _ in range(5):  # best of 5 timed blocks: the rate the machine can give, not a noisy mean
+        t0 = time.perf_counter()
+        for _ in range(reps // 5):
+            torch.nn.functional.linear(a, w)
+        best = min(best, (time.perf_counter() - t0) / (reps // 5))
+    return 2 * a.shape[0] * a.shape[1] * w.shape[0] / best
 
 
 def _spawn(side: str) -> dict:
@@ -152,10 +190,20 @@ def main() -> dict:
                   f"peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
     med = {s: statistics.median(t for r in rs for t in r["step_s"][1:]) for s, rs in res.items()}
     peak = {s: max(r["peak_rss_mb"] for r in rs) for s, rs in res.items()}
+    flops = {s: statistics.median(r["flops"] for r in rs) for s, rs in res.items()}
+    rate = gemm_rate()
+    floor = {s: f / rate for s, f in flops.items()}
     summary = {"ours_step_s": med["ours"], "trl_step_s": med["trl"], "ratio": med["ours"] / med["trl"],
-               "ours_peak_rss_mb": peak["ours"], "trl_peak_rss_mb": peak["trl"]}
+               "ours_peak_rss_mb": peak["ours"], "trl_peak_rss_mb": peak["trl"], "gemm_gflops": rate / 1e9,
+               "ours_matmul_gflop": flops["ours"] / 1e9, "trl_matmul_gflop": flops["trl"] / 1e9,
+               "ratio_floor": floor["ours"] / med["trl"]}
     print(f"per-step wall time: ours {med['ours']:.3f} s, TRL {med['trl']:.3f} s, ratio ours/TRL "
           f"{summary['ratio']:.2f}; peak RSS: ours {peak['ours']:.0f} MB, TRL {peak['trl']:.0f} MB", flush=True)
+    print(f"matmul work per step: ours {flops['ours'] / 1e9:.2f} GFLOP, TRL {flops['trl'] / 1e9:.2f} GFLOP; at this "
+          f"machine's fp32 GEMM rate ({rate / 1e9:.0f} GFLOP/s) that alone takes ours {floor['ours'] * 1e3:.1f} ms "
+          f"({floor['ours'] / med['ours']:.0%} of our step), TRL {floor['trl'] * 1e3:.1f} ms "
+          f"({floor['trl'] / med['trl']:.0%} of its step); lowest ratio without less arithmetic: "
+          f"{summary['ratio_floor']:.2f}", flush=True)
     return summary
 
 

@@ -102,15 +102,39 @@ def _groups(inp: AdvantageInput) -> torch.Tensor:
     return inp.scores.float().view(-1, inp.group_size)  # [B, G]
 
 
+def _mean(r: torch.Tensor, dim=None) -> torch.Tensor:
+    """Mean over ``dim`` that skips NaN scores (``train.shaping.none_reward=exclude``), as TRL's
+    ``nanmean``; the plain mean when there is none, so nothing changes bit-wise without them."""
+    if not r.isnan().any():
+        return r.mean() if dim is None else r.mean(dim, keepdim=True)
+    return r.nanmean() if dim is None else r.nanmean(dim, keepdim=True)
+
+
+def _std(r: torch.Tensor, dim=None, unbiased: bool = True) -> torch.Tensor:
+    """Std that skips NaN scores (TRL ``trainer/utils.py::nanstd``: Bessel-corrected over the
+    non-NaN count); the plain ``torch.std`` when there is none."""
+    if not r.isnan().any():
+        return r.std(unbiased=unbiased) if dim is None else r.std(dim, keepdim=True, unbiased=unbiased)
+    n = (~r.isnan()).sum() if dim is None else (~r.isnan()).sum(dim, keepdim=True)
+    var = _mean((r - _mean(r, dim)) ** 2, dim)
+    return (var * n / (n - 1) if unbiased else var).sqrt()
+
+
+def _excluded_zero(shaped: torch.Tensor) -> torch.Tensor:
+    """An excluded (NaN) sample's advantage is 0 (TRL ``nan_to_num(advantages, nan=0.0)``); so is a
+    group with one scored sample, whose Bessel std is undefined, as in TRL."""
+    return shaped.masked_fill(shaped.isnan(), 0.0)
+
+
 # ----------------------------------------------------------------------------------- estimators
 _STD_SCOPES = {
-    "group": lambda r, unbiased: r.std(-1, keepdim=True, unbiased=unbiased),  # [B, 1]
-    "batch": lambda r, unbiased: r.flatten().std(unbiased=unbiased).expand(r.shape[0], 1),  # [B, 1]
+    "group": lambda r, unbiased: _std(r, -1, unbiased),  # [B, 1]
+    "batch": lambda r, unbiased: _std(r.flatten(), None, unbiased).expand(r.shape[0], 1),  # [B, 1]
     "none": None,
 }
 
 
-@ADVANTAGES.register("grpo", min_group_size=2, choices={"std": tuple(_STD_SCOPES)})
+@ADVANTAGES.register("grpo", min_group_size=2, excludes_nan=True, choices={"std": tuple(_STD_SCOPES)})
 def grpo(inp: AdvantageInput, cfg):
     """GRPO group-normalised advantage (Shao et al. 2024, DeepSeekMath eq. 3):
     ``A_i = (r_i - mean_group(r)) / (std + eps)``, broadcast to every response token.
@@ -123,20 +147,20 @@ def grpo(inp: AdvantageInput, cfg):
     1e-9 OpenRLHF ``group_norm``.
     """
     r = _groups(inp)  # [B, G]
-    centred = r - r.mean(-1, keepdim=True)  # [B, G]
+    centred = r - _mean(r, -1)  # [B, G]
     scope = _STD_SCOPES[cfg.std]
     if scope is not None:
         centred = centred / (scope(r, bool(cfg.get("unbiased_std", True))) + float(cfg.eps))  # [B, G]
-    return _outcome(inp, centred.flatten())
+    return _outcome(inp, _excluded_zero(centred.flatten()))
 
 
-@ADVANTAGES.register("dr_grpo", min_group_size=2)
+@ADVANTAGES.register("dr_grpo", min_group_size=2, excludes_nan=True)
 def dr_grpo(inp: AdvantageInput, cfg):
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): ``A_i = r_i - mean_group(r)``,
     no std division (OpenRLHF ``dr_grpo``, TRL ``scale_rewards="none"``, veRL
     ``norm_adv_by_std_in_grpo=False``). Pair with aggregation ``token_sum_norm`` for the paper's loss."""
     r = _groups(inp)  # [B, G]
-    return _outcome(inp, (r - r.mean(-1, keepdim=True)).flatten())
+    return _outcome(inp, _excluded_zero((r - _mean(r, -1)).flatten()))
 
 
 @ADVANTAGES.register("rloo", min_group_size=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from core.advantage import ADVANTAGES, WHITENING
 from core.kl_control import KL_CONTROLLERS
 from core.loss import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
+from core.shaping import NONE_REWARDS
 
 
 class ConfigError(ValueError):
@@ -123,6 +124,14 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
     if int(t.group_size) < min_group:
         errors.append(f"train.group_size={t.group_size}: advantage.name={cfg.advantage.name} compares "
                       f"completions of one prompt and needs group_size >= {min_group}")
+    none_reward = (t.get("shaping") or {}).get("none_reward", "mask")
+    if none_reward not in NONE_REWARDS:
+        errors.append(f"train.shaping.none_reward={none_reward!r}: choose one of {sorted(NONE_REWARDS)}")
+    elif none_reward == "exclude" and known and not ADVANTAGES.meta(cfg.advantage.name).get("excludes_nan"):
+        errors.append(f"train.shaping.none_reward=exclude leaves unscored samples out of group statistics, which "
+                      f"advantage.name={cfg.advantage.name} does not support; use one of "
+                      f"{[n for n in ADVANTAGES.names() if ADVANTAGES.meta(n).get('excludes_nan')]} or "
+                      f"none_reward=mask|zero")
     if samples % int(t.mini_batch_size):
         errors.append(f"train.prompts_per_step x train.group_size = {t.prompts_per_step} x {t.group_size} = "
                       f"{samples} completions is not divisible by train.mini_batch_size={t.mini_batch_size}")

@@ -191,9 +191,9 @@ def rl_step(run: Run) -> dict:
     with timer.phase("verify"):
         raw, valid = score(run, roll, rows)  # [N], [N]
     stopped = torch.tensor([r == "stop" for r in roll.finish_reason])  # [N]
-    # skipped samples (None reward) drop out of the loss; then the score-level shaping
-    scores, mask = shaping.shape(raw, roll.response_mask * valid.unsqueeze(-1), stopped,
-                                 int(cfg.rollout.max_new_tokens), cfg.train.shaping)  # [N], [N, R]
+    # None rewards per train.shaping.none_reward, then the score-level shaping
+    scores, mask = shaping.shape(raw, valid, roll.response_mask, stopped, int(cfg.rollout.max_new_tokens),
+                                 cfg.train.shaping)  # [N], [N, R]
     with timer.phase("logprobs"):
         fw = rollout_forwards(run, roll)
     kl_reward, kl_metrics = in_reward_kl(run, fw, mask)  # [N, R] or None
@@ -272,12 +272,13 @@ def update(run: Run, roll: Rollout, mask, adv, ret, fw: Forwards) -> dict:
     t = run.cfg.train
     mini, micro, accum = int(t.mini_batch_size), int(t.micro_batch_size), run.plan["grad_accum"]
     N, sums, steps = roll.input_ids.shape[0], {}, 0
-    for _ in range(int(t.ppo_epochs)):
+    for epoch in range(int(t.ppo_epochs)):
+        order = epoch_order(run, N, epoch)  # [N] rows in the order this epoch visits them
         for m0 in range(0, N, mini):
-            agg = AggContext(num_micro_batches=accum, step_tokens=float(mask[m0:m0 + mini].sum()),
+            agg = AggContext(num_micro_batches=accum, step_tokens=float(mask[order[m0:m0 + mini]].sum()),
                              world_size=run.plan["world_size"], max_tokens=int(run.cfg.rollout.max_new_tokens))
             for u0 in range(m0, m0 + mini, micro):
-                m = micro_step(run, roll, slice(u0, u0 + micro), mask, adv, ret, fw, agg)
+                m = micro_step(run, roll, order[u0:u0 + micro], mask, adv, ret, fw, agg)
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v / accum
             for k, v in engines_step(run).items():
@@ -286,8 +287,19 @@ def update(run: Run, roll: Rollout, mask, adv, ret, fw: Forwards) -> dict:
     return {k: v / steps for k, v in sums.items()}
 
 
-def micro_step(run: Run, roll: Rollout, sl: slice, mask, adv, ret, fw: Forwards, agg: AggContext) -> dict:
-    """Forward, loss and backward of one micro-batch for the policy and, if present, the critic."""
+def epoch_order(run: Run, n: int, epoch: int) -> torch.Tensor:
+    """Row order of one PPO epoch: rollout order, or with ``train.shuffle_mini_batches`` a permutation
+    drawn from its own generator seeded by (seed, RL step, epoch), so the global RNG stream is
+    untouched and a resumed run draws the same order."""
+    if not run.cfg.train.get("shuffle_mini_batches", False):
+        return torch.arange(n)  # [n]
+    gen = torch.Generator().manual_seed(int(run.cfg.seed) * 1_000_003 + run.step * 1_009 + epoch)
+    return torch.randperm(n, generator=gen)  # [n]
+
+
+def micro_step(run: Run, roll: Rollout, sl: torch.Tensor, mask, adv, ret, fw: Forwards, agg: AggContext) -> dict:
+    """Forward, loss and backward of one micro-batch (rows ``sl``) for the policy and, if present, the
+    critic."""
     cfg, engine = run.cfg, run.engine
     temp = float(cfg.rollout.temperature) or 1.0
     ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length

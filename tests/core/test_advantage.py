@@ -57,6 +57,31 @@ def test_grpo_std_scopes_hand_computed():
     torch.testing.assert_close(batch, torch.tensor([2 / 3, -1 / 3, -1 / 3, 0, 0, 0]) / std)
 
 
+def test_excluded_scores_follow_trl_nan_semantics():
+    """``none_reward=exclude``: NaN scores leave the group mean and the Bessel std (TRL ``nanmean`` /
+    ``nanstd``) and get advantage 0; a group with one scored sample gets 0 everywhere, as in TRL."""
+    nan = float("nan")
+    scores = torch.tensor([1.0, nan, 0.0, 0.0, nan, nan, 1.0, nan, nan])  # 3 prompts x G=3
+    inp = AdvantageInput(scores, torch.ones(9, 2), 3)
+    adv = ADVANTAGES.get("grpo")(inp, cfg("grpo"))[0][:, 0]
+    # group 1 scored {1, 0}: mean 1/2, unbiased std sqrt(1/2); group 2 {0}: std undefined -> 0; group 3 {1}
+    a = 0.5 / (0.5 ** 0.5 + 1e-4)
+    torch.testing.assert_close(adv, torch.tensor([a, 0, -a, 0, 0, 0, 0, 0, 0]))
+    batch = ADVANTAGES.get("grpo")(inp, cfg("grpo", std="batch", eps=0.0))[0][:, 0]
+    std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std()  # the four scored samples of the batch
+    torch.testing.assert_close(batch, torch.tensor([0.5, 0, -0.5, 0, 0, 0, 0, 0, 0]) / std)
+    dr = ADVANTAGES.get("dr_grpo")(inp, cfg("dr_grpo"))[0][:, 0]
+    torch.testing.assert_close(dr, torch.tensor([0.5, 0, -0.5, 0, 0, 0, 0, 0, 0]))
+    assert sorted(n for n in ADVANTAGES.names() if ADVANTAGES.meta(n).get("excludes_nan")) == ["dr_grpo", "grpo"]
+
+
+def test_nan_aware_stats_are_bitwise_plain_without_nans():
+    r = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    inp = AdvantageInput(r.flatten(), torch.ones(128, 3), 8)
+    adv = ADVANTAGES.get("grpo")(inp, cfg("grpo"))[0][:, 0].view(16, 8)
+    assert torch.equal(adv, (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-4))
+
+
 def test_dr_grpo_rloo_reinforce_hand_computed():
     inp = _two_groups()
     dr = ADVANTAGES.get("dr_grpo")(inp, cfg("dr_grpo"))[0][:, 0]

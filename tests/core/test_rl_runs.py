@@ -101,3 +101,46 @@ def test_loop_gradient_accumulation_equals_one_batch(compose_cfg, tmp_path, aggr
         grads.append([p.grad.clone() for p in run.engine.module.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_mini_batch_order_per_epoch(compose_cfg, tmp_path, monkeypatch, shuffle):
+    """Each PPO epoch visits every completion once; with ``shuffle_mini_batches`` in a fresh seeded
+    permutation per epoch (Open-Instruct PPO), otherwise in rollout order (veRL)."""
+    cfg = compose_cfg(*BASE, "train.ppo_epochs=3", "train.mini_batch_size=8", "train.micro_batch_size=4",
+                      f"train.shuffle_mini_batches={shuffle}", f"paths.results_dir={tmp_path}")
+    run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
+    seen, real = [], rl.micro_step
+
+    def recording(run, roll, rows, *a):
+        seen.append(rows.tolist())
+        return real(run, roll, rows, *a)
+
+    monkeypatch.setattr(rl, "micro_step", recording)
+    rl.rl_step(run)
+    t = run.cfg.train  # after scale=tiny
+    n = int(t.prompts_per_step) * int(t.group_size)
+    per_epoch = n // int(t.micro_batch_size)
+    assert int(t.ppo_epochs) == 3 and per_epoch > 1 and len(seen) == 3 * per_epoch
+    epochs = [sum(seen[e * per_epoch:(e + 1) * per_epoch], []) for e in range(3)]
+    assert all(sorted(e) == list(range(n)) for e in epochs)  # every row once per epoch
+    if shuffle:
+        assert len({tuple(e) for e in epochs}) == 3 and epochs[0] != list(range(n))
+        assert rl.epoch_order(run, n, 1).tolist() == rl.epoch_order(run, n, 1).tolist()  # seeded, repeatable
+        run.step += 1
+        assert rl.epoch_order(run, n, 1).tolist() != epochs[1]  # a new draw at the next RL step
+    else:
+        assert all(e == list(range(n)) for e in epochs)
+
+
+@pytest.mark.parametrize("policy", ["mask", "zero", "exclude"])
+def test_none_rewards_through_a_step(compose_cfg, tmp_path, policy):
+    """A verifier that cannot score some samples (None) trains under every ``none_reward`` policy."""
+    cfg = compose_cfg(*BASE, f"train.shaping.none_reward={policy}", f"paths.results_dir={tmp_path}")
+    run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
+    verify = run.verifier
+    run.verifier = lambda texts, **kw: [None if i % 3 == 0 else r for i, r in enumerate(verify(texts, **kw))]
+    m = rl.rl_step(run)
+    n = int(run.cfg.train.prompts_per_step) * int(run.cfg.train.group_size)
+    assert m["reward/skipped"] == len(range(0, n, 3))
+    assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])

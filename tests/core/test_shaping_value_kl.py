@@ -31,7 +31,7 @@ def test_mask_truncated_and_shape_order():
     mask = torch.ones(2, 3, dtype=torch.long)
     stopped = torch.tensor([True, False])
     cfg = OmegaConf.create({"non_stop_penalty": -1.0, "mask_truncated": True, "overlong_buffer": 0})
-    scores, m = shaping.shape(torch.tensor([1.0, 1.0]), mask, stopped, 3, cfg)
+    scores, m = shaping.shape(torch.tensor([1.0, 1.0]), torch.tensor([True, True]), mask, stopped, 3, cfg)
     torch.testing.assert_close(scores, torch.tensor([1.0, -1.0]))
     assert m.tolist() == [[1, 1, 1], [0, 0, 0]]
 
@@ -110,3 +110,28 @@ def test_shared_prompt_forward_matches_a_plain_forward_with_gradients(tiny_dir):
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
     for a, b in zip(model.parameters(), g_plain):
         torch.testing.assert_close(a.grad, b, atol=1e-4, rtol=1e-4)
+
+
+def test_none_reward_policies_hand_computed():
+    scores, valid = torch.tensor([1.0, 5.0, 0.0]), torch.tensor([True, False, True])
+    mask = torch.ones(3, 2)
+    s, m = shaping.none_rewards(scores, valid, mask, "zero")  # TRL 0.18: 0 everywhere
+    assert s.tolist() == [1.0, 0.0, 0.0] and torch.equal(m, mask)
+    s, m = shaping.none_rewards(scores, valid, mask, "mask")  # ours: 0 in stats, out of the loss
+    assert s.tolist() == [1.0, 0.0, 0.0] and m.tolist() == [[1, 1], [0, 0], [1, 1]]
+    s, m = shaping.none_rewards(scores, valid, mask, "exclude")  # TRL 1.x: NaN for the estimator
+    assert s[0] == 1.0 and s[1].isnan() and s[2] == 0.0 and torch.equal(m, mask)
+    with pytest.raises(ValueError, match="train.shaping.none_reward='nope'; choose one of"):
+        shaping.none_rewards(scores, valid, mask, "nope")
+
+
+def test_penalties_edit_scored_samples_only():
+    mask = torch.ones(3, 4)
+    stopped = torch.tensor([False, False, True])
+    valid = torch.tensor([True, False, False])
+    for policy, unscored in (("zero", 0.0), ("exclude", float("nan"))):
+        cfg = OmegaConf.create({"none_reward": policy, "non_stop_penalty": -10.0, "overlong_buffer": 2,
+                                "overlong_factor": 1.0})
+        s, _ = shaping.shape(torch.tensor([1.0, 1.0, 1.0]), valid, mask, stopped, 4, cfg)
+        assert s[0] == -10.0  # scored and did not stop: replaced by the penalty
+        torch.testing.assert_close(s[1:], torch.full((2,), unscored), equal_nan=True)

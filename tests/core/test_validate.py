@@ -61,6 +61,16 @@ def test_rloo_with_group_size_one(compose_cfg):
     assert "train.group_size=1: advantage.name=rloo" in msg and "group_size >= 2" in msg
 
 
+def test_none_reward_policy_checked_against_the_estimator(compose_cfg):
+    msg = _error(compose_cfg("advantage=rloo", "train.shaping.none_reward=exclude"))
+    assert "train.shaping.none_reward=exclude" in msg and "advantage.name=rloo does not support" in msg
+    assert "['dr_grpo', 'grpo']" in msg
+    assert "train.shaping.none_reward='drop': choose one of ['exclude', 'mask', 'zero']" in _error(
+        compose_cfg("train.shaping.none_reward=drop"))
+    for ok in ("mask", "zero", "exclude"):
+        check_rl(compose_cfg(f"train.shaping.none_reward={ok}"))
+
+
 def test_reference_requested_with_zero_coefficient(compose_cfg):
     msg = _error(compose_cfg("kl.placement=loss", "kl.coef=0", "kl.reference=true"))
     assert "kl.reference=true with kl.coef=0 (kl.placement=loss)" in msg
