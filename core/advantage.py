@@ -48,10 +48,27 @@ def last_token_index(mask: torch.Tensor) -> torch.Tensor:
     return (pos * (mask > 0)).amax(-1)  # [N]
 
 
-def token_rewards(inp: AdvantageInput, shaped: torch.Tensor) -> torch.Tensor:
-    """OpenRLHF ``models/utils.py::compute_reward``: clip the shaped score, put it at the last
-    response token (the EOS when there is one), add the per-token KL penalty. Returns ``[N, R]``."""
-    mask = inp.response_mask.float()  # [N, R]
+SCORE_POSITIONS = ("last", "after_last")
+
+
+def value_mask(mask: torch.Tensor, cfg) -> torch.Tensor:
+    """Tokens that carry rewards and critic values. ``advantage.score_position``: ``last`` (OpenRLHF:
+    the response mask, score on the EOS) or ``after_last`` (Open-Instruct PPO ``padding_mask_p1``,
+    allenai/open-instruct@3dd7a07d ``ppo_vllm_thread_ray_gtrl.py``: one more token after the last
+    response token where it fits inside ``R``, so the score sits one step after the EOS and the critic
+    is trained there too; a completion cut at ``R`` keeps its mask). Returns ``[N, R]``."""
+    if cfg.get("score_position", "last") == "last":
+        return mask
+    nxt = (last_token_index(mask) + 1).clamp(max=mask.shape[1] - 1)  # [N]
+    grow = (mask.sum(-1) > 0).to(mask.dtype)  # [N] an all-masked row stays empty
+    return mask.scatter(1, nxt.unsqueeze(-1), torch.maximum(mask.gather(1, nxt.unsqueeze(-1)), grow.unsqueeze(-1)))
+
+
+def token_rewards(inp: AdvantageInput, shaped: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """OpenRLHF ``models/utils.py::compute_reward``: clip the shaped score, put it at the last token of
+    ``mask`` (default the response mask: the EOS when there is one), add the per-token KL penalty.
+    Returns ``[N, R]``."""
+    mask = (inp.response_mask if mask is None else mask).float()  # [N, R]
     r = shaped.float()  # [N]
     if inp.reward_clip is not None:
         r = r.clamp(float(inp.reward_clip[0]), float(inp.reward_clip[1]))  # [N]
@@ -188,14 +205,17 @@ def reinforce_pp_baseline(inp: AdvantageInput, cfg):
     return _outcome(inp, (r - r.mean(-1, keepdim=True)).flatten())
 
 
-@ADVANTAGES.register("gae", min_group_size=1, needs_values=True)
+@ADVANTAGES.register("gae", min_group_size=1, needs_values=True, choices={"score_position": SCORE_POSITIONS})
 def gae_estimator(inp: AdvantageInput, cfg):
-    """PPO with a critic: GAE over per-token rewards (score at the last token, ``-beta KL_t`` per token)
-    with ``cfg.gamma`` / ``cfg.lam`` (Open-Instruct PPO gamma 1, lambda 0.95; OpenRLHF 1, 1.0)."""
+    """PPO with a critic: GAE over per-token rewards (score at the last token of :func:`value_mask`,
+    ``-beta KL_t`` per response token) with ``cfg.gamma`` / ``cfg.lam`` (Open-Instruct PPO gamma 1,
+    lambda 0.95; OpenRLHF 1, 1.0). Advantages and returns live on the value mask; the caller whitens
+    and masks the advantages with the response mask (Open-Instruct ``masked_whiten(adv, ~padding_mask)``)."""
     if inp.values is None:
         raise ValueError("advantage.name=gae needs critic values (set advantage.critic)")
-    rewards = token_rewards(inp, inp.scores)  # [N, R]
-    return gae(rewards, inp.values, inp.response_mask, float(cfg.gamma), float(cfg.lam))
+    vmask = value_mask(inp.response_mask, cfg)  # [N, R]
+    rewards = token_rewards(inp, inp.scores, vmask)  # [N, R]
+    return gae(rewards, inp.values, vmask, float(cfg.gamma), float(cfg.lam))
 
 
 # ----------------------------------------------------------------------------------- whitening

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from core import data as D
 from core import shaping, validate
-from core.advantage import AdvantageInput, compute_advantages
+from core.advantage import AdvantageInput, compute_advantages, value_mask
 from core.checkpoint import load_training_state, save_training_state, seed_everything
 from core.kl_control import KLController
 from core.loss import AGGREGATIONS, AggContext, LossInput, compute_policy_loss, kl_penalty, masked_mean
@@ -313,11 +313,12 @@ def micro_step(run: Run, roll: Rollout, sl: torch.Tensor, mask, adv, ret, fw: Fo
     if run.critic is not None:
         c = cfg.advantage.critic
         v = run.critic.forward(token_values, ids, am, P)  # [n, R]
+        vmask = value_mask(mask[sl], cfg.advantage)  # [n, R] where the returns live
         per_token = value_loss(v, fw.values[sl], ret[sl], c.get("clip"))  # [n, R]
-        vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, mask[sl], agg)
+        vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, vmask, agg)
         run.critic.backward(vloss)
         metrics["value/loss"] = vloss.item() * agg.num_micro_batches
-        metrics["value/mean"] = masked_mean(v.detach(), mask[sl]).item()
+        metrics["value/mean"] = masked_mean(v.detach(), vmask).item()
     return metrics
 
 

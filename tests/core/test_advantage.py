@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from core.advantage import (ADVANTAGES, WHITENING, AdvantageInput, compute_advantages, discounted_returns,
-                            token_rewards)
+                            token_rewards, value_mask)
 
 CFGS = {
     "grpo": {"name": "grpo", "std": "group", "unbiased_std": True, "eps": 1e-4},
@@ -92,6 +92,29 @@ def test_dr_grpo_rloo_reinforce_hand_computed():
     torch.testing.assert_close(rb, dr)
     rp = ADVANTAGES.get("reinforce_pp")(inp, cfg("reinforce_pp"))[0]
     torch.testing.assert_close(rp, inp.scores.unsqueeze(-1) * inp.response_mask)
+
+
+def test_value_mask_adds_one_token_where_it_fits():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0]])
+    assert torch.equal(value_mask(mask, cfg("gae", score_position="last")), mask)
+    want = [[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]]  # cut at R: unchanged; empty stays empty
+    assert value_mask(mask, cfg("gae", score_position="after_last")).tolist() == want
+
+
+def test_gae_score_after_last_hand_computed():
+    """Open-Instruct PPO ``padding_mask_p1``: score one token after the EOS, critic value kept there.
+    R = 4, response of 2 tokens, V = [0.5, 0.2, 0.3, 9], score 1, gamma 1, lambda 0.5, no KL."""
+    mask = torch.tensor([[1, 1, 0, 0]])
+    values = torch.tensor([[0.5, 0.2, 0.3, 9.0]])
+    inp = AdvantageInput(torch.tensor([1.0]), mask, 1, values=values)
+    # rewards [0, 0, 1, 0]; deltas [-0.3, 0.1, 0.7]; A = [-0.3 + 0.5 * 0.45, 0.1 + 0.5 * 0.7, 0.7]
+    adv, ret = compute_advantages(inp, cfg("gae", lam=0.5, score_position="after_last", whiten="none"))
+    torch.testing.assert_close(adv, torch.tensor([[-0.075, 0.45, 0.0, 0.0]]))  # policy tokens only
+    torch.testing.assert_close(ret, torch.tensor([[0.425, 0.65, 1.0, 0.0]]))  # A + V on the value mask
+    # OpenRLHF placement on the EOS: deltas [-0.3, 0.8], A = [-0.3 + 0.5 * 0.8, 0.8]
+    adv, ret = compute_advantages(inp, cfg("gae", lam=0.5, score_position="last", whiten="none"))
+    torch.testing.assert_close(adv, torch.tensor([[0.1, 0.8, 0.0, 0.0]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.6, 1.0, 0.0, 0.0]]))
 
 
 def test_reinforce_pp_discounted_with_kl_in_reward_hand_computed():

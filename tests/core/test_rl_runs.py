@@ -22,7 +22,8 @@ BASE = ("scale=tiny", "recipe_name=tiny_math_grpo", "train.warm_start.steps=0", 
         "logger.tensorboard=false", "train.eval_prompts=4")
 # options that only make sense with some estimators ride along with them
 EXTRA = {
-    "gae": ("kl=k1", "train.ppo_epochs=2", "loss.dual_clip=3", "train.shaping.non_stop_penalty=-1"),
+    "gae": ("kl=k1", "train.ppo_epochs=2", "loss.dual_clip=3", "train.shaping.non_stop_penalty=-1",
+            "advantage.score_position=after_last", "train.shuffle_mini_batches=true"),
     "reinforce_pp": ("kl=k1", "kl.controller=adaptive", "kl.target=0.01", "train.shaping.reward_clip=[-1,1]"),
     "reinforce_pp_baseline": ("loss=gspo", "loss.is_correction.mode=sequence_mask"),
     "rloo": ("kl=k2", "train.shaping.mask_truncated=true"),

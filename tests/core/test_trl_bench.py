@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -17,3 +18,8 @@ def test_trl_bench_runs_both_sides():
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ratio ours/TRL" in out.stdout and out.stdout.count("peak RSS") == 3
+    # the counted matmul work: both sides do some, ours less (shared prompt, response-only logits)
+    m = re.search(r"matmul work per step: ours ([\d.]+) GFLOP, TRL ([\d.]+) GFLOP.*arithmetic: ([\d.]+)", out.stdout)
+    assert m, out.stdout[-2000:]
+    ours, trl, floor = map(float, m.groups())
+    assert 0 < ours < trl and 0 < floor < 1

@@ -61,6 +61,11 @@ def test_rloo_with_group_size_one(compose_cfg):
     assert "train.group_size=1: advantage.name=rloo" in msg and "group_size >= 2" in msg
 
 
+def test_score_position_choices(compose_cfg):
+    msg = _error(compose_cfg("advantage=gae", "advantage.score_position=eos"))
+    assert "advantage.score_position='eos' with advantage.name=gae; choose one of ['after_last', 'last']" in msg
+
+
 def test_none_reward_policy_checked_against_the_estimator(compose_cfg):
     msg = _error(compose_cfg("advantage=rloo", "train.shaping.none_reward=exclude"))
     assert "train.shaping.none_reward=exclude" in msg and "advantage.name=rloo does not support" in msg

@@ -1,0 +1,65 @@
+"""Aggregations across data-parallel ranks: the modes that promise it give, after the DDP gradient
+average over 2 gloo ranks x gradient accumulation, the gradient of one big batch in one process."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from core.loss import AGGREGATIONS, AggContext
+
+WORLD, ACCUM, ROWS, R, H = 2, 2, 8, 5, 3  # 8 rows = 2 ranks x 2 micro-batches x 2 rows
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(ROWS, R, H, generator=g)  # [N, R, H]
+    lengths = torch.tensor([5, 1, 3, 2, 4, 5, 1, 2])  # uneven, so per-micro-batch token counts differ
+    mask = (torch.arange(R) < lengths.unsqueeze(-1)).float()  # [N, R]
+    return feats, mask
+
+
+def _grad(name: str, rows: torch.Tensor, ctx: AggContext) -> torch.Tensor:
+    """Gradient of the aggregated per-token loss ``tanh(feats @ w)`` over ``rows`` in micro-batches."""
+    feats, mask = _batch()
+    w = torch.linspace(-1, 1, H, dtype=torch.float64).requires_grad_()
+    for micro in rows.view(ctx.num_micro_batches, -1):
+        per_token = torch.tanh(feats[micro].double() @ w)  # [n, R]
+        AGGREGATIONS.get(name)(per_token, mask[micro].double(), ctx).backward()
+    return w.grad
+
+
+def _worker(rank: int, name: str, init: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    _, mask = _batch()
+    rows = torch.arange(ROWS).view(WORLD, -1)[rank]  # this rank's shard
+    tokens = mask[rows].sum()
+    dist.all_reduce(tokens)  # the step's tokens over all ranks, as a data-parallel loop must count them
+    grad = _grad(name, rows, AggContext(num_micro_batches=ACCUM, step_tokens=float(tokens), world_size=WORLD,
+                                        max_tokens=R))
+    dist.all_reduce(grad)
+    grad /= WORLD  # DDP / ZeRO average gradients over ranks
+    if rank == 0:
+        torch.save(grad, out)
+    dist.destroy_process_group()
+
+
+def _data_parallel(name: str, tmp_path) -> torch.Tensor:
+    out = tmp_path / f"{name}.pt"
+    mp.spawn(_worker, args=(name, f"file://{tmp_path / 'store'}", str(out)), nprocs=WORLD, join=True)
+    return torch.load(out)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", AGGREGATIONS.names())
+def test_ranks_and_accumulation_equal_one_batch(name, tmp_path):
+    _, mask = _batch()
+    one = _grad(name, torch.arange(ROWS), AggContext(num_micro_batches=1, step_tokens=float(mask.sum()),
+                                                     max_tokens=R))
+    dp = _data_parallel(name, tmp_path)
+    if AGGREGATIONS.meta(name)["accumulation_exact"]:
+        torch.testing.assert_close(dp, one, rtol=1e-12, atol=1e-12)
+    else:  # token_mean: each micro-batch divides by its own token count, so the split shows
+        assert not torch.allclose(dp, one, rtol=1e-6, atol=1e-9)
+    assert len(AGGREGATIONS.names()) == 4
