@@ -17,6 +17,11 @@ lowest ratio reachable without doing less arithmetic.
 
     python -m bench trl                      # or: make bench
     BENCH_REPS=5 BENCH_STEPS=8 python -m bench trl
+    BENCH_PROMPT=simplerl BENCH_MAX_NEW=64 python -m bench trl   # longer prompts / completions
+
+``BENCH_PROMPT=simplerl`` wraps each question in SimpleRL-Zoo's pre-templated Qwen prompt (system turn,
+the question, "Please reason step by step, ..."; ../shared/reference/simplerl_zoo.md section 3), about
+130 tokens with the character tokenizer instead of about 6; ``BENCH_MAX_NEW`` sets the completion cap.
 """
 from __future__ import annotations
 
@@ -29,7 +34,16 @@ import sys
 import tempfile
 import time
 
-PROMPTS, GROUP, MAX_NEW, BETA, LR, SEED = 8, 8, 16, 0.04, 1.0e-4, 0
+PROMPTS, GROUP, BETA, LR, SEED = 8, 8, 0.04, 1.0e-4, 0
+MAX_NEW = int(os.environ.get("BENCH_MAX_NEW", 16))
+TEMPLATES = {
+    "plain": "{prompt}",
+    # SimpleRL-Zoo's "qwen" rows (hkust-nlp/SimpleRL-Zoo-Data), doubled braces literal as in the data
+    "simplerl": ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{prompt}\n"
+                 "Please reason step by step, and put your final answer within \\boxed{{{{}}}}.<|im_end|>\n"
+                 "<|im_start|>assistant\n"),
+}
+PROMPT = os.environ.get("BENCH_PROMPT", "plain")
 STEPS = int(os.environ.get("BENCH_STEPS", 6))
 REPS = int(os.environ.get("BENCH_REPS", 3))
 THREADS = int(os.environ.get("BENCH_THREADS", 1))
@@ -45,7 +59,9 @@ def _compose(overrides: list[str]):
     if not OmegaConf.has_resolver("root"):
         OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+        cfg = compose(config_name="config", overrides=overrides)
+    cfg.data.template = TEMPLATES[PROMPT]  # set here: the template's braces and newlines defeat override syntax
+    return cfg
 
 
 def _shared_cfg():
@@ -178,8 +194,8 @@ def _spawn(side: str) -> dict:
 
 def main() -> dict:
     """Alternate the two sides ``REPS`` times; print medians, the ratio and peak memory."""
-    print(f"GRPO step, CPU, {THREADS} thread(s): {PROMPTS} prompts x {GROUP} completions, <= {MAX_NEW} new "
-          f"tokens, beta {BETA}, {STEPS} steps (first excluded), {REPS} alternating reps; ours: "
+    print(f"GRPO step, CPU, {THREADS} thread(s): {PROMPTS} prompts ({PROMPT} template) x {GROUP} completions, "
+          f"<= {MAX_NEW} new tokens, beta {BETA}, {STEPS} steps (first excluded), {REPS} alternating reps; ours: "
           f"rollout.engine={OURS_ENGINE}", flush=True)
     res = {"ours": [], "trl": []}
     for rep in range(REPS):
