@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
+from core import distributed
 from core.registry import Registry
 
 
@@ -144,9 +144,21 @@ def _excluded_zero(shaped: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------- estimators
+def _batch_std(r: torch.Tensor, unbiased: bool) -> torch.Tensor:
+    """Std over the whole step's scores, every data-parallel rank's (TRL gathers the rewards of all
+    processes before ``scale_rewards="batch"``); NaN (excluded) scores skipped."""
+    if distributed.world() == 1:
+        return _std(r.flatten(), None, unbiased)
+    x = r.flatten().double()
+    x = x[~x.isnan()]
+    n, total = distributed.all_sum(torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64), x.sum()]))
+    ss = distributed.all_sum(((x - total / n) ** 2).sum())
+    return (ss / (n - 1) if unbiased else ss / n).sqrt().float()
+
+
 _STD_SCOPES = {
     "group": lambda r, unbiased: _std(r, -1, unbiased),  # [B, 1]
-    "batch": lambda r, unbiased: _std(r.flatten(), None, unbiased).expand(r.shape[0], 1),  # [B, 1]
+    "batch": lambda r, unbiased: _batch_std(r, unbiased).expand(r.shape[0], 1),  # [B, 1]
     "none": None,
 }
 
@@ -220,11 +232,8 @@ def gae_estimator(inp: AdvantageInput, cfg):
 
 # ----------------------------------------------------------------------------------- whitening
 def _reduce(*xs: torch.Tensor) -> list[torch.Tensor]:
-    """Sum over data-parallel ranks when a process group is up (a no-op in one process)."""
-    if dist.is_available() and dist.is_initialized():
-        for x in xs:
-            dist.all_reduce(x)
-    return list(xs)
+    """Sum over data-parallel ranks (a no-op in a world of one)."""
+    return [distributed.all_sum(x) for x in xs]
 
 
 @WHITENING.register("none")

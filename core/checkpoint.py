@@ -1,4 +1,7 @@
-"""Seeding, RNG state and atomic checkpoint folders (a killed run never leaves half a checkpoint)."""
+"""Seeding, RNG state and atomic checkpoint folders (a killed run never leaves half a checkpoint).
+
+Data parallel: every rank writes its part (DeepSpeed shards, its own RNG state) into one temporary
+folder that rank 0 created, and rank 0 renames it once all ranks are done (barriers between)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from core import distributed
 
 
 def seed_everything(seed: int) -> None:
@@ -32,32 +37,47 @@ def set_rng_state(state: dict) -> None:
 
 @contextmanager
 def atomic_dir(final: Path):
-    """Yield a temporary sibling folder; on success it replaces ``final`` in one rename."""
+    """Yield a temporary sibling folder; on success it replaces ``final`` in one rename. Collective under
+    data parallelism: every rank gets the same folder, rank 0 creates and renames it."""
     final = Path(final)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    many = distributed.world() > 1
+    tmp = final.with_name(f".{final.name}.tmp" if many else f".{final.name}.tmp{os.getpid()}")
+    if distributed.is_main():
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    distributed.barrier()
     try:
         yield tmp
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if distributed.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = final.with_name(f".{final.name}.old{os.getpid()}")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()  # every rank has written its part
+    if distributed.is_main():
+        old = final.with_name(f".{final.name}.old{os.getpid()}")
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()
+
+
+def _rng_file(ckpt_dir: Path) -> Path:
+    """Each rank's RNG state (rank 0 keeps the single-process name)."""
+    r = distributed.rank()
+    return Path(ckpt_dir) / ("rng.pt" if r == 0 else f"rng.rank{r}.pt")
 
 
 def save_training_state(ckpt_dir: Path, engine, extra: dict) -> None:
     """Engine state, RNG states and ``extra`` (step, sampler position) into ``ckpt_dir`` atomically."""
     with atomic_dir(ckpt_dir) as tmp:
         engine.save_state(tmp)
-        torch.save(rng_state(), tmp / "rng.pt")
-        (tmp / "trainer.json").write_text(json.dumps(extra))
+        torch.save(rng_state(), _rng_file(tmp))
+        if distributed.is_main():
+            (tmp / "trainer.json").write_text(json.dumps(extra))
 
 
 def load_training_state(ckpt_dir: Path, engine) -> dict:
     engine.load_state(ckpt_dir)
-    set_rng_state(torch.load(Path(ckpt_dir) / "rng.pt", weights_only=False))
+    set_rng_state(torch.load(_rng_file(ckpt_dir), weights_only=False))
     return json.loads((Path(ckpt_dir) / "trainer.json").read_text())

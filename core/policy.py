@@ -5,6 +5,10 @@ are computed only where they score a response token (TRL's ``logits_to_keep``), 
 repeats on consecutive rows (the G completions of a GRPO group) is run once, its key/value cache
 repeated for the group, and only the response tokens are run per row. The gradient flows through
 the shared prompt cache, so the policy update uses the same path.
+
+``share_prompt=False`` runs one plain forward whatever the data: ZeRO-3 across ranks needs every rank
+to call the model the same number of times (its per-module parameter gathers are collective), and
+whether a batch has shared prompts is data.
 """
 from __future__ import annotations
 
@@ -24,12 +28,12 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_
     return new.nonzero().squeeze(-1), new.long().cumsum(0) - 1
 
 
-def response_logits(model, input_ids, attention_mask, prompt_length: int) -> torch.Tensor:
+def response_logits(model, input_ids, attention_mask, prompt_length: int, share_prompt: bool = True) -> torch.Tensor:
     """Logits ``[N, R, V]`` that score response tokens ``P .. T-1`` (from positions ``P-1 .. T-2``)."""
     P, R = prompt_length, input_ids.shape[1] - prompt_length
     pos = position_ids(attention_mask)  # [N, T]
     first, group = prompt_groups(input_ids, attention_mask, P)  # [u], [N]
-    if len(first) == input_ids.shape[0] or R < 2:  # nothing shared: one plain forward
+    if not share_prompt or len(first) == input_ids.shape[0] or R < 2:  # one plain forward
         return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
                      logits_to_keep=R + 1).logits[:, :-1]  # [N, R, V]
     pre = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
@@ -42,14 +46,14 @@ def response_logits(model, input_ids, attention_mask, prompt_length: int) -> tor
 
 
 def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temperature: float = 1.0,
-                      with_entropy: bool = False, entropy_grad: bool = False):
+                      with_entropy: bool = False, entropy_grad: bool = False, share_prompt: bool = True):
     """Log-prob of each response token under ``model`` with logits divided by ``temperature``.
 
     Returns ``(logprobs [N, R], entropy [N, R] or None)``; position ``t`` scores token ``P + t`` from
     the logits at ``P + t - 1``. Entropy is of the full temperature-scaled distribution, detached
     unless ``entropy_grad`` (an entropy bonus needs its gradient; logging does not).
     """
-    logits = response_logits(model, input_ids, attention_mask, prompt_length).float()  # [N, R, V]
+    logits = response_logits(model, input_ids, attention_mask, prompt_length, share_prompt).float()  # [N, R, V]
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, -1)  # [N, R, V]
@@ -64,7 +68,7 @@ def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temp
 
 @torch.no_grad()
 def chunked_logprobs(model, input_ids, attention_mask, prompt_length: int, temperature: float,
-                     micro_batch_size: int) -> torch.Tensor:
+                     micro_batch_size: int, share_prompt: bool = True) -> torch.Tensor:
     """No-grad :func:`response_logprobs` in chunks of ``micro_batch_size`` rows (old / reference
     policies: the sources' ``log_prob_micro_batch_size`` / ``forward micro batch`` knobs)."""
     was_training = model.training
@@ -73,7 +77,8 @@ def chunked_logprobs(model, input_ids, attention_mask, prompt_length: int, tempe
     outs = []
     for i in range(0, input_ids.shape[0], micro_batch_size):
         lp, _ = response_logprobs(model, input_ids[i:i + micro_batch_size].to(device),
-                                  attention_mask[i:i + micro_batch_size].to(device), prompt_length, temperature)
+                                  attention_mask[i:i + micro_batch_size].to(device), prompt_length, temperature,
+                                  share_prompt=share_prompt)
         outs.append(lp.cpu())
     model.train(was_training)
     return torch.cat(outs)  # [N, R]

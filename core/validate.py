@@ -135,6 +135,9 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
     if samples % int(t.mini_batch_size):
         errors.append(f"train.prompts_per_step x train.group_size = {t.prompts_per_step} x {t.group_size} = "
                       f"{samples} completions is not divisible by train.mini_batch_size={t.mini_batch_size}")
+    if int(t.prompts_per_step) % world_size:
+        errors.append(f"train.prompts_per_step={t.prompts_per_step} is not divisible by the world size "
+                      f"{world_size}: each rank takes whole groups of prompts")
     if int(t.mini_batch_size) % (int(t.micro_batch_size) * world_size):
         errors.append(f"train.mini_batch_size={t.mini_batch_size} is not divisible by train.micro_batch_size x "
                       f"world size = {t.micro_batch_size} x {world_size}")

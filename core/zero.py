@@ -10,19 +10,29 @@ Both expose the same calls, so a loop never branches on the backend:
   optimiser step's normaliser (the aggregation divides by accumulation steps or token counts), so
   no backend rescales it again;
 - ``engine.step() -> {"grad_norm", "lr"}``: once per optimiser step (clip, step, schedule, zero);
-- ``engine.state_dict()/load_state_dict()`` and ``engine.save_pretrained(dir)`` for checkpoints.
+- ``engine.gathered()``: a context in which ``engine.module`` holds its full parameters on every
+  rank, for generation (ZeRO-3 partitions them; ranks that decode different numbers of tokens must
+  not each trigger per-module gathers, TRL's ``unwrap_model_for_generation`` does the same);
+- ``engine.save_state(dir)/load_state(dir)`` and ``engine.save_pretrained(dir)`` for checkpoints
+  (collective: every rank calls them; rank 0 writes what is not sharded).
+
+Data parallel (``core/distributed.py``): DeepSpeed averages gradients over ranks itself; the torch
+engine all-reduces them before clipping, which is what DDP computes (without the overlap).
 
 DeepSpeed runs on CPU too (``DS_ACCELERATOR=cpu torchrun ...`` over gloo), which is how its path is
 tested here.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
+
+from core import distributed
 
 
 def build_scheduler(optimizer, sched_cfg, total_steps: int):
@@ -43,7 +53,8 @@ def build_optimizer(params, optim_cfg):
 
 
 class TorchEngine:
-    """Single-process torch: the reference path every other backend must agree with."""
+    """Plain torch: the reference path every other backend must agree with. Under data parallelism
+    every rank holds the whole model and gradients are averaged over ranks before clipping."""
 
     def __init__(self, model, optim_cfg, total_steps: int):
         self.module = model
@@ -59,7 +70,11 @@ class TorchEngine:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
+    def gathered(self):
+        return contextlib.nullcontext()
+
     def step(self) -> dict[str, float]:
+        _average_grads(self._params)
         norm = _clip(self._params, self.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
@@ -68,9 +83,11 @@ class TorchEngine:
         return {"grad_norm": norm, "lr": lr}
 
     def save_state(self, out_dir) -> None:
-        """Model, optimiser and schedule into ``out_dir/engine.pt`` (the caller makes it atomic)."""
-        torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict()}, Path(out_dir) / "engine.pt")
+        """Model, optimiser and schedule into ``out_dir/engine.pt`` (the caller makes it atomic); the
+        ranks hold identical replicas, so rank 0 writes."""
+        if distributed.is_main():
+            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict()}, Path(out_dir) / "engine.pt")
 
     def load_state(self, out_dir) -> None:
         state = torch.load(Path(out_dir) / "engine.pt", weights_only=False)
@@ -79,9 +96,21 @@ class TorchEngine:
         self.scheduler.load_state_dict(state["scheduler"])
 
     def save_pretrained(self, out_dir, tokenizer=None) -> None:
-        self.module.save_pretrained(out_dir)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out_dir)
+        if distributed.is_main():
+            self.module.save_pretrained(out_dir)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(out_dir)
+
+
+def _average_grads(params) -> None:
+    """Mean of the gradients over data-parallel ranks (what DDP's all-reduce computes)."""
+    world = distributed.world()
+    if world == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        distributed.all_sum(p.grad).div_(world)
 
 
 def _clip(params, max_norm: float) -> float:
@@ -140,7 +169,8 @@ class DeepSpeedEngine:
 
         if not dist.is_initialized():
             _single_process_env()
-            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        # idempotent: under torchrun core.distributed.init already started the group, DeepSpeed adopts it
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = build_optimizer(params, optim_cfg)
         scheduler = build_scheduler(optimizer, optim_cfg.scheduler, total_steps)
@@ -160,6 +190,12 @@ class DeepSpeedEngine:
 
     def forward(self, fn, *args, **kwargs):
         return self.engine(fn, *args, **kwargs)
+
+    def gathered(self):
+        """ZeRO-3: the full parameters on every rank for the duration (collective enter and exit)."""
+        if self.engine.zero_optimization_stage() != 3:
+            return contextlib.nullcontext()
+        return _zero3_gathered(self.engine)
 
     def backward(self, loss: torch.Tensor) -> None:
         # The loss already carries its accumulation normaliser: stop DeepSpeed dividing by GAS again.
@@ -197,6 +233,31 @@ class DeepSpeedEngine:
             self.module.save_pretrained(out_dir, state_dict=state)
             if tokenizer is not None:
                 tokenizer.save_pretrained(out_dir)
+
+
+@contextlib.contextmanager
+def _zero3_gathered(engine):
+    """Gather every parameter once and take DeepSpeed's per-module hooks off while inside, so forwards
+    (generation: as many as each rank's completions need) issue no collectives; then put the hooks
+    back with a fresh prefetch trace. TRL ``trl/models/utils.py`` ``remove_hooks`` / ``add_hooks``
+    (``unwrap_model_for_generation``) does the same; gathering alone is not enough, the post-forward
+    hooks release the parameters again and the next forward all-gathers on one rank only."""
+    import deepspeed
+
+    offload = engine.optimizer.parameter_offload
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        for param in offload.module.parameters():
+            param.ds_active_sub_modules.clear()
+        for hook in offload.forward_hooks + offload.backward_hooks:
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield
+        finally:
+            coordinator = offload.param_coordinator
+            if not coordinator.is_invalid_trace():
+                coordinator._invalidate_trace()
+            offload._register_deepspeed_module(offload.module)
 
 
 def build_engine(model, optim_cfg, zero_cfg, total_steps: int, grad_accum: int, micro_batch: int):

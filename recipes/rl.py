@@ -5,6 +5,12 @@ shape the scores, run the rollout-phase forwards (reference, old policy, critic:
 compute advantages, then take PPO-style optimiser steps over mini-batches of the rollout, each
 accumulated from micro-batches; the critic steps alongside. Everything algorithmic is a registry
 lookup in ``core/`` (docs/algorithms.md).
+
+Data parallel under ``torchrun`` (``core/distributed.py``): every rank draws the same prompts and
+keeps its share of them (whole groups), samples, scores and shapes its rows with its own RNG stream,
+and trains on them; what crosses ranks is what the sources reduce: gradients (the engine), token
+counts of an optimiser step (``token_mean_global``), batch-scope statistics (``std: batch``, global
+whitening), the adaptive KL's input, evaluation counts and the logged metrics. Rank 0 writes.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from core import data as D
-from core import shaping, validate
+from core import distributed, shaping, validate
 from core.advantage import AdvantageInput, compute_advantages, value_mask
 from core.checkpoint import load_training_state, save_training_state, seed_everything
 from core.kl_control import KLController
@@ -59,6 +65,7 @@ class Run:
     writer: MetricsWriter
     critic: object = None  # optimiser engine of the value model (advantage.critic), else None
     kl_ctl: KLController | None = None
+    share_prompt: bool = True  # shared-prompt forwards; off under ZeRO-3 across ranks (core/policy.py)
     step: int = 0
     history: dict = field(default_factory=dict)
 
@@ -73,13 +80,16 @@ def main(cfg, run_dir: str | None = None) -> float:
 
 def setup(cfg, run_dir: str | None = None) -> Run:
     cfg = apply_scale(cfg)
+    rank, world = distributed.init()
     seed_everything(int(cfg.seed))
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
-    plan = validate.check_rl(cfg, world_size=1, num_train_rows=len(train_rows))  # before any model
+    plan = validate.check_rl(cfg, world_size=world, num_train_rows=len(train_rows))  # before any model
     verifier = get_verifier(cfg.verifier.name)
-    run_dir = Path(run_dir or HydraConfig.get().runtime.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    run_dir = Path(distributed.broadcast_object(str(run_dir or HydraConfig.get().runtime.output_dir)))
+    if distributed.is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    distributed.barrier()
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     train_ids = [D.tokenize_prompt(r["prompt"], cfg.data, tokenizer) for r in train_rows]
@@ -95,8 +105,11 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     run = Run(cfg, run_dir, plan, train_rows, eval_rows, train_ids, eval_ids, tokenizer, engine, ref,
               build_engine(cfg.rollout.engine, engine.module, tokenizer, cfg.rollout), verifier,
               D.PromptSampler(len(train_rows), int(cfg.train.prompts_per_step), int(cfg.seed)),
-              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard)),
+              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main()),
               critic=_build_critic(cfg, path, total_updates, plan), kl_ctl=KLController(cfg.kl))
+    run.share_prompt = not (world > 1 and int(cfg.zero.stage) == 3)
+    if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
+        seed_everything(int(cfg.seed) + 1_000_003 * rank)
     _maybe_resume(run)
     return run
 
@@ -142,7 +155,7 @@ class _Engines:
     def save_state(self, out_dir) -> None:
         self.run.engine.save_state(out_dir)
         if self.run.critic is not None:
-            (Path(out_dir) / "critic").mkdir()
+            (Path(out_dir) / "critic").mkdir(exist_ok=True)
             self.run.critic.save_state(Path(out_dir) / "critic")
 
     def load_state(self, out_dir) -> None:
@@ -158,7 +171,7 @@ def train(run: Run) -> None:
         run.writer.log(0, {"eval/accuracy": run.history["eval_before"]})
     start = time.perf_counter()
     bar = tqdm(total=int(t.total_steps), initial=run.step, desc=run.cfg.recipe_name,
-               disable=not cfg.logger.progress, dynamic_ncols=True)
+               disable=not (cfg.logger.progress and distributed.is_main()), dynamic_ncols=True)
     while run.step < int(t.total_steps):
         metrics = rl_step(run)
         run.step += 1
@@ -181,11 +194,11 @@ def train(run: Run) -> None:
 def rl_step(run: Run) -> dict:
     """One RL step: sample, score and shape, rollout-phase forwards, advantages, updates."""
     cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
-    idx = run.sampler.next()
+    idx = run.sampler.next()[distributed.rank()::distributed.world()]  # this rank's prompts, whole groups
     rows = [run.train_rows[i] for i in idx for _ in range(G)]  # group-major: G consecutive rows per prompt
     with timer.phase("sync"):
         run.rollout.sync_weights(run.engine.module)  # no-op in-process; vLLM gets the new weights
-    with timer.phase("generate"):
+    with timer.phase("generate"), run.engine.gathered():
         roll = run.rollout.generate([run.train_ids[i] for i in idx for _ in range(G)],
                                     Sampling.from_cfg(cfg.rollout))
     with timer.phase("verify"):
@@ -201,16 +214,20 @@ def rl_step(run: Run) -> dict:
     adv, ret = compute_advantages(AdvantageInput(scores, mask, G, fw.values, kl_reward,
                                                  tuple(clip) if clip else None), cfg.advantage)  # [N, R] x2
     with timer.phase("update"):
-        upd = update(run, roll, mask, adv, ret, fw)
-    beta = run.kl_ctl.update(kl_metrics.get("kl_reward", upd.get("kl", 0.0)), roll.input_ids.shape[0])
-    lengths = roll.response_lengths.float()
+        upd = distributed.mean_metrics(update(run, roll, mask, adv, ret, fw))
+    n_global = roll.input_ids.shape[0] * distributed.world()
+    beta = run.kl_ctl.update(kl_metrics.get("kl_reward", upd.get("kl", 0.0)), n_global)
+    # the whole step's rows, every rank's, for the logged statistics
+    raw, scores, lengths, stopped = (distributed.gather_rows(x.float()) for x in
+                                     (raw, scores, roll.response_lengths, stopped))
+    valid = distributed.gather_rows(valid.float()).bool()
     return {
         "reward/mean": raw[valid].mean().item(), "reward/std": raw[valid].std().item() if valid.sum() > 1 else 0.0,
         "reward/shaped_mean": scores[valid].mean().item(),
         "reward/skipped": int((~valid).sum()), "accuracy": (raw[valid] > 0).float().mean().item(),
         "length/mean": lengths.mean().item(), "length/max": lengths.max().item(),
         "length/truncated_frac": 1.0 - stopped.float().mean().item(), "kl/beta": beta,
-        **kl_metrics, **upd, **timer.pop(), "memory/peak_mb": peak_memory_mb(),
+        **kl_metrics, **upd, **distributed.mean_metrics(timer.pop()), "memory/peak_mb": peak_memory_mb(),
     }
 
 
@@ -250,8 +267,8 @@ def rollout_forwards(run: Run, roll: Rollout) -> Forwards:
     need_old = (run.plan["optimizer_steps_per_rl_step"] > 1 or is_mode != "none"
                 or (run.ref is not None and cfg.kl.placement == "reward"))
     return Forwards(
-        old=chunked_logprobs(run.engine.module, *args, temp, mb) if need_old else None,
-        ref=chunked_logprobs(run.ref, *args, temp, mb) if run.ref is not None else None,
+        old=chunked_logprobs(run.engine.module, *args, temp, mb, run.share_prompt) if need_old else None,
+        ref=chunked_logprobs(run.ref, *args, temp, mb, run.share_prompt) if run.ref is not None else None,
         values=chunked_values(run.critic.module, *args, mb) if run.critic is not None else None,
         rollout=roll.logprobs,
     )
@@ -263,19 +280,22 @@ def in_reward_kl(run: Run, fw: Forwards, mask) -> tuple[torch.Tensor | None, dic
     if fw.ref is None or run.cfg.kl.placement != "reward":
         return None, {}
     kl = kl_penalty(fw.old, fw.ref, run.cfg.kl) * mask  # [N, R]
-    return -run.kl_ctl.beta * kl, {"kl_reward": (kl.sum() / mask.sum().clamp(min=1)).item()}
+    sums = distributed.all_sum(torch.stack([kl.sum(), mask.sum()]).double())  # token mean over all ranks
+    return -run.kl_ctl.beta * kl, {"kl_reward": (sums[0] / sums[1].clamp(min=1)).item()}
 
 
 def update(run: Run, roll: Rollout, mask, adv, ret, fw: Forwards) -> dict:
     """``ppo_epochs`` passes of mini-batch optimiser steps, each from ``grad_accum`` micro-batches;
     the critic (if any) steps alongside the policy on the same micro-batches (Open-Instruct PPO)."""
     t = run.cfg.train
-    mini, micro, accum = int(t.mini_batch_size), int(t.micro_batch_size), run.plan["grad_accum"]
+    mini = int(t.mini_batch_size) // run.plan["world_size"]  # this rank's rows of one optimiser step
+    micro, accum = int(t.micro_batch_size), run.plan["grad_accum"]
     N, sums, steps = roll.input_ids.shape[0], {}, 0
     for epoch in range(int(t.ppo_epochs)):
         order = epoch_order(run, N, epoch)  # [N] rows in the order this epoch visits them
         for m0 in range(0, N, mini):
-            agg = AggContext(num_micro_batches=accum, step_tokens=float(mask[order[m0:m0 + mini]].sum()),
+            tokens = distributed.all_sum(mask[order[m0:m0 + mini]].sum().double())  # the step's, all ranks
+            agg = AggContext(num_micro_batches=accum, step_tokens=float(tokens),
                              world_size=run.plan["world_size"], max_tokens=int(run.cfg.rollout.max_new_tokens))
             for u0 in range(m0, m0 + mini, micro):
                 m = micro_step(run, roll, order[u0:u0 + micro], mask, adv, ret, fw, agg)
@@ -288,12 +308,14 @@ def update(run: Run, roll: Rollout, mask, adv, ret, fw: Forwards) -> dict:
 
 
 def epoch_order(run: Run, n: int, epoch: int) -> torch.Tensor:
-    """Row order of one PPO epoch: rollout order, or with ``train.shuffle_mini_batches`` a permutation
-    drawn from its own generator seeded by (seed, RL step, epoch), so the global RNG stream is
-    untouched and a resumed run draws the same order."""
+    """Row order of one PPO epoch over this rank's rows: rollout order, or with
+    ``train.shuffle_mini_batches`` a permutation drawn from its own generator seeded by (seed, rank, RL
+    step, epoch), so the global RNG stream is untouched and a resumed run draws the same order (each
+    learner permutes its local samples, as Open-Instruct does)."""
     if not run.cfg.train.get("shuffle_mini_batches", False):
         return torch.arange(n)  # [n]
-    gen = torch.Generator().manual_seed(int(run.cfg.seed) * 1_000_003 + run.step * 1_009 + epoch)
+    seed = int(run.cfg.seed) * 1_000_003 + run.step * 1_009 + epoch + 7_919 * distributed.rank()
+    gen = torch.Generator().manual_seed(seed)
     return torch.randperm(n, generator=gen)  # [n]
 
 
@@ -304,7 +326,7 @@ def micro_step(run: Run, roll: Rollout, sl: torch.Tensor, mask, adv, ret, fw: Fo
     temp = float(cfg.rollout.temperature) or 1.0
     ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
     lp, ent = engine.forward(response_logprobs, ids, am, P, temp, with_entropy=True,
-                             entropy_grad=bool(cfg.loss.get("entropy_coef")))  # [n, R] x2
+                             entropy_grad=bool(cfg.loss.get("entropy_coef")), share_prompt=run.share_prompt)
     inp = LossInput(lp, fw.old[sl] if fw.old is not None else lp.detach(), adv[sl], mask[sl],
                     fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
     loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)
@@ -332,25 +354,32 @@ def engines_step(run: Run) -> dict:
 
 @torch.no_grad()
 def evaluate(run: Run) -> float:
-    """Greedy accuracy on the held-out prompts (``train.eval_prompts`` of them; 0 = all)."""
+    """Greedy accuracy on the held-out prompts (``train.eval_prompts`` of them; 0 = all), each rank
+    scoring its share; correct and scored counts are summed over ranks."""
     n = int(run.cfg.train.eval_prompts) or len(run.eval_rows)
-    rows, ids = run.eval_rows[:n], run.eval_ids[:n]
-    if not rows:
-        return float("nan")
+    share = slice(distributed.rank(), n, distributed.world())
+    rows, ids = run.eval_rows[:n][share], run.eval_ids[:n][share]
+    counts = torch.zeros(2, dtype=torch.float64)  # [correct, scored]
     run.rollout.sync_weights(run.engine.module)
-    roll = run.rollout.generate(ids, Sampling.from_cfg(run.cfg.rollout, greedy=True))
-    scores, valid = score(run, roll, rows)
-    return (scores[valid] > 0).float().mean().item() if valid.any() else float("nan")
+    with run.engine.gathered():  # collective under ZeRO-3: every rank enters, rows or not
+        if rows:
+            roll = run.rollout.generate(ids, Sampling.from_cfg(run.cfg.rollout, greedy=True))
+            scores, valid = score(run, roll, rows)
+            counts += torch.tensor([float(((scores > 0) & valid).sum()), float(valid.sum())], dtype=torch.float64)
+    correct, scored = distributed.all_sum(counts).tolist()
+    return correct / scored if scored else float("nan")
 
 
 def save(run: Run) -> float:
     """Final Hugging Face checkpoint (atomic) and one summary row in the results table."""
     from core.checkpoint import atomic_dir
 
-    with atomic_dir(run.run_dir / "model") as tmp:
+    with atomic_dir(run.run_dir / "model") as tmp:  # collective: ZeRO-3 gathers, rank 0 writes
         run.engine.save_pretrained(tmp, run.tokenizer)
     run.writer.close()
     h, cfg = run.history, run.cfg
+    if not distributed.is_main():
+        return h["eval_after"] if not math.isnan(h["eval_after"]) else 0.0
     row = {
         "recipe": cfg.recipe_name, "run_dir": str(run.run_dir), "seed": int(cfg.seed), "steps": run.step,
         "scale": cfg.scale.name, "eval_before": h["eval_before"], "eval_after": h["eval_after"],

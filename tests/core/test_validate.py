@@ -61,6 +61,20 @@ def test_rloo_with_group_size_one(compose_cfg):
     assert "train.group_size=1: advantage.name=rloo" in msg and "group_size >= 2" in msg
 
 
+def test_prompts_split_whole_over_ranks(compose_cfg):
+    cfg = compose_cfg("train.prompts_per_step=6", "train.group_size=8", "train.mini_batch_size=48",
+                      "train.micro_batch_size=8")
+    msg = _error_world(cfg, 4)
+    assert "train.prompts_per_step=6 is not divisible by the world size 4" in msg
+    check_rl(cfg, world_size=2)
+
+
+def _error_world(cfg, world: int) -> str:
+    with pytest.raises(ConfigError) as e:
+        check_rl(cfg, world_size=world)
+    return str(e.value)
+
+
 def test_score_position_choices(compose_cfg):
     msg = _error(compose_cfg("advantage=gae", "advantage.score_position=eos"))
     assert "advantage.score_position='eos' with advantage.name=gae; choose one of ['after_last', 'last']" in msg

@@ -1,0 +1,74 @@
+"""Data parallelism: one process per rank under ``torchrun``, a world of one otherwise.
+
+The loops call :func:`init` first; every helper here is a no-op (or the identity) in a world of one,
+so a single-process run takes exactly the code path it took before data parallelism existed. Under
+``torchrun`` the process group comes up from the launcher's environment (``env://``): NCCL with
+CUDA, gloo on CPU (``DS_ACCELERATOR=cpu torchrun --standalone --nproc_per_node 2 -m recipes.run``).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init() -> tuple[int, int]:
+    """Start the process group when launched with ``WORLD_SIZE > 1``; return ``(rank, world)``."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu"
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return rank(), world()
+
+
+def world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if world() > 1:
+        dist.barrier()
+
+
+def all_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum of ``x`` over ranks (in place, returned)."""
+    if world() > 1:
+        dist.all_reduce(x)
+    return x
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's ``x [n, ...]`` along dim 0 in rank order (equal ``n`` on every rank)."""
+    if world() == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def broadcast_object(obj):
+    """Rank 0's ``obj`` on every rank (a run directory, a config-derived string)."""
+    if world() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Average per-rank scalar metrics over ranks (every rank must hold the same keys)."""
+    if world() == 1 or not metrics:
+        return metrics
+    keys = sorted(metrics)
+    vals = all_sum(torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)) / world()
+    return dict(zip(keys, vals.tolist()))
