@@ -10,23 +10,23 @@ from __future__ import annotations
 import torch
 
 
-# What a ``None`` reward (the verifier could not score the sample) becomes, keyed by
+# What a ``None`` reward (the verifier could not score the sample) becomes, named by
 # ``train.shaping.none_reward``: the score used in group statistics and whether the sample stays in the loss.
-NONE_REWARDS = {
+NONE_REWARDS = (
+    # Ours: score 0 in the group statistics, the sample's tokens dropped from the loss and its counts.
+    "mask",
     # TRL 0.18 (huggingface/trl@v0.18.0 ``grpo_trainer.py``): None -> NaN, then ``nansum`` over the
     # reward functions gives 0, which enters the group mean/std and the loss like any other score.
-    "zero": "score 0 in group statistics and in the loss",
-    # Ours: score 0 in the group statistics, the sample's tokens dropped from the loss and its counts.
-    "mask": "score 0 in group statistics, dropped from the loss",
+    "zero",
     # TRL >= 1.x (``_compute_advantages``: unscorable rows NaN, ``nanmean``/``nanstd`` baselines,
     # advantage forced to 0): left out of its group's statistics, kept in the loss with advantage 0
     # (its tokens still carry the KL term and count in the token denominators).
-    "exclude": "left out of group statistics (NaN score), advantage 0, kept in the loss",
-}
+    "exclude",
+)
 
 
 def none_rewards(scores: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor, policy: str):
-    """Apply ``policy`` (a :data:`NONE_REWARDS` key) to the rows where ``valid [N]`` is False.
+    """Apply ``policy`` (one of :data:`NONE_REWARDS`) to the rows where ``valid [N]`` is False.
     Returns ``(scores [N], mask [N, R])``; ``exclude`` marks the score NaN for the estimator, whose
     group statistics then skip it (estimators registered with ``excludes_nan=True``)."""
     if policy not in NONE_REWARDS:

@@ -106,8 +106,8 @@ def setup(cfg, run_dir: str | None = None) -> Run:
               build_engine(cfg.rollout.engine, engine.module, tokenizer, cfg.rollout), verifier,
               D.PromptSampler(len(train_rows), int(cfg.train.prompts_per_step), int(cfg.seed)),
               MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main()),
-              critic=_build_critic(cfg, path, total_updates, plan), kl_ctl=KLController(cfg.kl))
-    run.share_prompt = not (world > 1 and int(cfg.zero.stage) == 3)
+              critic=_build_critic(cfg, path, total_updates, plan), kl_ctl=KLController(cfg.kl),
+              share_prompt=not (world > 1 and int(cfg.zero.stage) == 3))
     if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
         seed_everything(int(cfg.seed) + 1_000_003 * rank)
     _maybe_resume(run)

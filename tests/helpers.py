@@ -30,11 +30,14 @@ FAST = ["logger.progress=false", "logger.tensorboard=false", "train.total_steps=
         "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64"]
 
 
-def run_cli(tmp: Path, *overrides: str, multirun: bool = False, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``python -m recipes.run`` with outputs under ``tmp`` (run dir, results table)."""
+def run_cli(tmp: Path, *overrides: str, multirun: bool = False, timeout: int = 300,
+            nproc: int = 1) -> subprocess.CompletedProcess:
+    """``python -m recipes.run`` with outputs under ``tmp`` (run dir, results table); ``nproc > 1``
+    launches it with ``torchrun --standalone`` (CPU ranks over gloo)."""
     dirs = [f"hydra.sweep.dir={tmp}/sweep"] if multirun else [f"hydra.run.dir={tmp}/run"]
-    cmd = [sys.executable, "-m", "recipes.run", *(["-m"] if multirun else []), *dirs,
-           f"paths.results_dir={tmp}/results", *overrides]
+    launch = [sys.executable, "-m", "recipes.run"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "recipes.run"]
+    cmd = [*launch, *(["-m"] if multirun else []), *dirs, f"paths.results_dir={tmp}/results", *overrides]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HYDRA_FULL_ERROR": "0"}
     return subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -3,14 +3,11 @@ ranks trains the same model as one process, with the plain torch engine and Deep
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from core.paths import PROJECT_ROOT
+from tests.helpers import results, run_cli
 
 # Greedy rollouts make the completions independent of each rank's sampling RNG; REINFORCE++ with global
 # whitening and the step-level token mean make every cross-rank reduction matter to the gradient.
@@ -18,15 +15,9 @@ SAME = ["scale=tiny", "logger.progress=false", "logger.tensorboard=false", "trai
         "advantage=reinforce_pp", "kl=k1", "rollout.temperature=0", "loss.aggregation=token_mean_global"]
 
 
-def _run(tmp: Path, nproc: int, *overrides: str) -> subprocess.CompletedProcess:
-    launch = ([sys.executable, "-m", "recipes.run"] if nproc == 1 else
-              [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "recipes.run"])
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([*launch, f"hydra.run.dir={tmp}/run", f"paths.results_dir={tmp}/results", *overrides],
-                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+def _run(tmp: Path, nproc: int, *overrides: str):
+    proc = run_cli(tmp, *overrides, nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
 
 
 def _rows(tmp: Path) -> list[dict]:
@@ -55,8 +46,7 @@ def test_two_ranks_train_like_one_process(one_process, tmp_path, zero):
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     assert evals == [r["eval/accuracy"] for r in one_process if "eval/accuracy" in r]
     assert (tmp_path / "run" / "model" / "model.safetensors").exists()
-    results = (tmp_path / "results" / "runs.jsonl").read_text().splitlines()
-    assert len(results) == 1
+    assert len(results(tmp_path)) == 1
 
 
 @pytest.mark.distributed
