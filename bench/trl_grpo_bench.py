@@ -183,8 +183,13 @@ def gemm_rate(reps: int = 200) -> float:
 
 
 def _spawn(side: str) -> dict:
+    from core.runtime import GLIBC_TUNABLES
+
+    # both sides get the allocator setting recipes/run.py applies (core/runtime.py): the ratio compares
+    # the two trainers' code, not glibc's defaults (BENCH_MALLOC=default leaves glibc as it is)
+    malloc = {} if os.environ.get("BENCH_MALLOC") == "default" else {"GLIBC_TUNABLES": GLIBC_TUNABLES}
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false",
-           "DS_ACCELERATOR": "cpu"}
+           "DS_ACCELERATOR": "cpu", **malloc}
     out = subprocess.run([sys.executable, "-m", "bench.trl_grpo_bench", side], capture_output=True, text=True,
                          env=env, timeout=1800)
     if out.returncode:

@@ -9,10 +9,16 @@ the shared prompt cache, so the policy update uses the same path.
 ``share_prompt=False`` runs one plain forward whatever the data: ZeRO-3 across ranks needs every rank
 to call the model the same number of times (its per-module parameter gathers are collective), and
 whether a batch has shared prompts is data.
+
+The no-grad forwards (:func:`chunked_logprobs`: reference and old policy) run through
+:class:`core.lean_decoder.LeanDecoder` when ``lean`` and the model is one it covers; the training
+forward (with grad) always runs the HF module inside the optimiser engine.
 """
 from __future__ import annotations
 
 import torch
+
+from core import lean_decoder
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -45,15 +51,42 @@ def response_logits(model, input_ids, attention_mask, prompt_length: int, share_
     return torch.cat([pre.logits[group], out.logits], 1)  # [N, R, V]
 
 
+@torch.no_grad()
+def lean_response_logits(model, input_ids, attention_mask, prompt_length: int) -> torch.Tensor:
+    """:func:`response_logits` through :class:`core.lean_decoder.LeanDecoder`: the distinct prompts are
+    prefilled once, their keys/values copied into each row's cache, then the response tokens run."""
+    P, (N, T) = prompt_length, input_ids.shape
+    dec, pos = lean_decoder.LeanDecoder(model), position_ids(attention_mask)  # [N, T]
+    first, group = prompt_groups(input_ids, attention_mask, P)  # [u], [N]
+    cos, sin = dec.rope(pos)  # [N, T, 1, D]
+    pcache = dec.new_cache(len(first), P)
+    hp = dec.forward(input_ids[first, :P], 0, pcache, cos[first, :P], sin[first, :P],
+                     lean_decoder.prompt_bias(attention_mask[first, :P]))  # [u, P, H]
+    head = dec.logits(hp[:, -1])[group].unsqueeze(1)  # [N, 1, V] scores token P
+    if T - P < 2:
+        return head
+    cache = dec.new_cache(N, T - 1)
+    for kv, pkv in zip(cache, pcache):
+        kv[:, :, :, :P] = pkv[:, group]
+    h = dec.forward(input_ids[:, P:-1], P, cache, cos[:, P:-1], sin[:, P:-1],
+                    lean_decoder.continuation_bias(attention_mask[:, :P], attention_mask[:, P:-1]))  # [N, R-1, H]
+    return torch.cat([head, dec.logits(h)], 1)  # [N, R, V]
+
+
 def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temperature: float = 1.0,
-                      with_entropy: bool = False, entropy_grad: bool = False, share_prompt: bool = True):
+                      with_entropy: bool = False, entropy_grad: bool = False, share_prompt: bool = True,
+                      lean: bool = False):
     """Log-prob of each response token under ``model`` with logits divided by ``temperature``.
 
     Returns ``(logprobs [N, R], entropy [N, R] or None)``; position ``t`` scores token ``P + t`` from
     the logits at ``P + t - 1``. Entropy is of the full temperature-scaled distribution, detached
-    unless ``entropy_grad`` (an entropy bonus needs its gradient; logging does not).
+    unless ``entropy_grad`` (an entropy bonus needs its gradient; logging does not). ``lean``: no-grad
+    calls may use :func:`lean_response_logits` (ignored with grad enabled or where it does not apply).
     """
-    logits = response_logits(model, input_ids, attention_mask, prompt_length, share_prompt).float()  # [N, R, V]
+    if lean and not torch.is_grad_enabled() and lean_decoder.unsupported_reason(model) is None:
+        logits = lean_response_logits(model, input_ids, attention_mask, prompt_length).float()  # [N, R, V]
+    else:
+        logits = response_logits(model, input_ids, attention_mask, prompt_length, share_prompt).float()
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, -1)  # [N, R, V]
@@ -68,7 +101,7 @@ def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temp
 
 @torch.no_grad()
 def chunked_logprobs(model, input_ids, attention_mask, prompt_length: int, temperature: float,
-                     micro_batch_size: int, share_prompt: bool = True) -> torch.Tensor:
+                     micro_batch_size: int, share_prompt: bool = True, lean: bool = False) -> torch.Tensor:
     """No-grad :func:`response_logprobs` in chunks of ``micro_batch_size`` rows (old / reference
     policies: the sources' ``log_prob_micro_batch_size`` / ``forward micro batch`` knobs)."""
     was_training = model.training
@@ -78,7 +111,7 @@ def chunked_logprobs(model, input_ids, attention_mask, prompt_length: int, tempe
     for i in range(0, input_ids.shape[0], micro_batch_size):
         lp, _ = response_logprobs(model, input_ids[i:i + micro_batch_size].to(device),
                                   attention_mask[i:i + micro_batch_size].to(device), prompt_length, temperature,
-                                  share_prompt=share_prompt)
+                                  share_prompt=share_prompt, lean=lean)
         outs.append(lp.cpu())
     model.train(was_training)
     return torch.cat(outs)  # [N, R]

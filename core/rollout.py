@@ -191,7 +191,12 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
 def _sample(logits: torch.Tensor, sp: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token and its log-prob under ``log_softmax(logits / T)`` (before top-k/top-p truncation,
-    as :class:`HFEngine` reports it). Truncation order as HF: temperature, top-k, top-p."""
+    as :class:`HFEngine` reports it). Truncation order as HF: temperature, top-k, top-p.
+
+    The draw is inverse-CDF: one uniform per row against the float64 cumulative distribution, the
+    same distribution as ``torch.multinomial`` (which draws an exponential per vocabulary entry: on
+    CPU that RNG call alone cost more than a decoding step's matmuls, docs/performance.md).
+    """
     if sp.temperature <= 0:
         tok = logits.argmax(-1)  # [N]
         return tok, torch.log_softmax(logits.float(), -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
@@ -206,8 +211,20 @@ def _sample(logits: torch.Tensor, sp: Sampling) -> tuple[torch.Tensor, torch.Ten
         cum = torch.softmax(srt, -1).cumsum(-1)  # [N, V]
         drop = (cum - torch.softmax(srt, -1)) > sp.top_p  # keep the smallest prefix reaching top_p
         trunc = trunc.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    tok = torch.multinomial(torch.softmax(trunc, -1), 1).squeeze(-1)  # [N]
+    probs = logp.exp() if trunc is scaled else torch.softmax(trunc, -1)  # [N, V]
+    tok = inverse_cdf(probs)  # [N]
     return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+def inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
+    """One draw per row of ``probs [N, V]`` (non-negative, any positive total): the first index whose
+    float64 cumulative sum exceeds ``u * total``, ``u ~ U[0, 1)``. A zero-probability entry leaves the
+    cumulative sum unchanged, so it is never drawn; ``u`` stays strictly below the total."""
+    cdf = probs.double().cumsum(-1)  # [N, V]
+    total = cdf[:, -1:]  # [N, 1]
+    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device) * total  # [N, 1]
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)  # [N]
 
 
 def _distinct_runs(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
@@ -227,38 +244,88 @@ class TorchEngine(HFEngine):
     """KV-cached sampling written out in torch, on the training model itself.
 
     Where the time goes with ``generate`` on small models (profiled in docs/performance.md): per-token
-    logits processors, stopping criteria and cache bookkeeping, plus a prefill of every copy of a
-    prompt. Here each distinct prompt is prefilled once and its cache repeated for the group, then
-    one forward per new token; the log-probs come from the same logits that were sampled from.
-    Same :class:`Rollout` layout and sampling semantics as :class:`HFEngine`.
+    logits processors, stopping criteria, cache and mask bookkeeping, plus a prefill of every copy of
+    a prompt. Here each distinct prompt is prefilled once and its cache repeated for the group, then
+    one forward per new token; the log-probs come from the same logits that were sampled from. For
+    Llama-family models the forwards are :class:`core.lean_decoder.LeanDecoder` (fused projections,
+    a preallocated cache); for anything it does not cover (``lean_decoder.unsupported_reason``), or
+    with ``rollout.lean_forward=false``, the HF module's own forward. Same :class:`Rollout` layout and
+    sampling semantics as :class:`HFEngine`.
     """
 
+    def __init__(self, model, tokenizer, cfg):
+        super().__init__(model, tokenizer, cfg)
+        self.lean = bool(cfg.get("lean_forward", True))
+
     def _generate_chunk(self, prompts: list[list[int]], sp: Sampling) -> Rollout:
-        from core.policy import position_ids
+        from core import lean_decoder
 
         pad, model = self.tokenizer.pad_token_id, self.model
         uniq, counts = _distinct_runs(prompts)
         ids, mask = left_pad(uniq, pad)  # [u, P]
         device = next(model.parameters()).device
         ids, mask = ids.to(device), mask.to(device)
+        rows = torch.arange(len(uniq), device=device).repeat_interleave(torch.tensor(counts, device=device))  # [N]
         was_training = model.training
         model.eval()
+        if self.lean and lean_decoder.unsupported_reason(model) is None:
+            resp, logp = self._lean(model, ids, mask, rows, sp, pad)  # [N, R] x2
+        else:
+            resp, logp = self._hf(model, ids, mask, rows, sp, pad)
+        model.train(was_training)
+        return assemble(ids[rows].cpu(), mask[rows].cpu(), resp.cpu(), self.eos_ids, pad, logp.float().cpu())
+
+    @torch.no_grad()
+    def _lean(self, model, ids, mask, rows, sp: Sampling, pad: int):
+        """Prefill the ``u`` distinct prompts into a cache sized for the whole completion, repeat it for
+        the ``N`` rows, then decode one token per step into it."""
+        from core.lean_decoder import LeanDecoder, additive_mask, prompt_bias
+        from core.policy import position_ids
+
+        dec, (u, P), new = LeanDecoder(model), ids.shape, sp.max_new_tokens
+        steps = torch.arange(new, device=ids.device)
+        pos = torch.cat([position_ids(mask), mask.sum(-1, keepdim=True) + steps], 1)  # [u, P + new]
+        cos, sin = dec.rope(pos)  # [u, P + new, 1, D]
+        cache = dec.new_cache(u, P + new)
+        h = dec.forward(ids, 0, cache, cos[:, :P], sin[:, :P], prompt_bias(mask))  # [u, P, H]
+        logits = dec.logits(h[:, -1])[rows]  # [N, V]
+        cache = [kv[:, rows] for kv in cache]  # [2, N, Hkv, P + new, D] each
+        cos, sin = cos[rows], sin[rows]
+        # generated slots are visible to later tokens (rows already done keep feeding pad, as generate does)
+        bias = additive_mask(torch.cat([mask.bool(), torch.ones(u, new, dtype=torch.bool, device=ids.device)], 1))
+        bias = bias[rows][:, None, None, None]  # [N, 1, 1, 1, P + new]
+
+        def step(tok, t):
+            s = P + t
+            h = dec.forward(tok[:, None], s, cache, cos[:, s:s + 1], sin[:, s:s + 1], bias[..., :s + 1])
+            return dec.logits(h[:, -1])  # [N, V]
+
+        return self._decode(logits, step, sp, pad)
+
+    @torch.no_grad()
+    def _hf(self, model, ids, mask, rows, sp: Sampling, pad: int):
+        """The same loop on the HF module (its ``DynamicCache``), for models the lean forward does not cover."""
+        from core.policy import position_ids
+
         out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
                     logits_to_keep=1)
-        rep = torch.tensor(counts, device=device)
         cache = out.past_key_values
-        cache.reorder_cache(torch.arange(len(uniq), device=device).repeat_interleave(rep))  # [N, ...]
-        ids, mask = ids.repeat_interleave(rep, 0), mask.repeat_interleave(rep, 0)  # [N, P]
-        logits = out.logits[:, -1].repeat_interleave(rep, 0)  # [N, V]
-        resp, logp = self._decode(model, cache, logits, mask, sp, pad)  # [N, R] x2
-        model.train(was_training)
-        return assemble(ids.cpu(), mask.cpu(), resp.cpu(), self.eos_ids, pad, logp.float().cpu())
+        cache.reorder_cache(rows)  # [N, ...]
+        state = {"mask": mask[rows]}
+        pos = state["mask"].sum(-1, keepdim=True)  # [N, 1] next position (left padding skipped)
 
-    def _decode(self, model, cache, logits, mask, sp: Sampling, pad: int):
-        """One forward per new token until every row emitted an EOS or ``max_new_tokens``."""
+        def step(tok, t):
+            state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], 1)  # [N, P + t + 1]
+            return model(input_ids=tok.unsqueeze(-1), attention_mask=state["mask"], position_ids=pos + t,
+                         past_key_values=cache, use_cache=True).logits[:, -1]  # [N, V]
+
+        return self._decode(out.logits[:, -1][rows], step, sp, pad)
+
+    def _decode(self, logits, step, sp: Sampling, pad: int):
+        """Sample until every row emitted an EOS or ``max_new_tokens``; ``step(tok, t)`` feeds token ``t``
+        and returns the next logits."""
         N, device = logits.shape[0], logits.device
         eos = torch.tensor(self.eos_ids, device=device)
-        pos = mask.sum(-1, keepdim=True)  # [N, 1] next position (left padding skipped)
         done = torch.zeros(N, dtype=torch.bool, device=device)
         toks, lps = [], []
         for t in range(sp.max_new_tokens):
@@ -269,7 +336,5 @@ class TorchEngine(HFEngine):
             done = done | torch.isin(tok, eos)
             if bool(done.all()) or t == sp.max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)  # [N, P + t + 1]
-            logits = model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=pos + t,
-                           past_key_values=cache, use_cache=True).logits[:, -1]  # [N, V]
+            logits = step(tok, t)
         return torch.stack(toks, 1), torch.stack(lps, 1)  # [N, R]

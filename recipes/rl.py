@@ -266,9 +266,10 @@ def rollout_forwards(run: Run, roll: Rollout) -> Forwards:
     is_mode = (cfg.loss.get("is_correction") or {}).get("mode", "none")
     need_old = (run.plan["optimizer_steps_per_rl_step"] > 1 or is_mode != "none"
                 or (run.ref is not None and cfg.kl.placement == "reward"))
+    lean = bool(cfg.rollout.lean_forward)
     return Forwards(
-        old=chunked_logprobs(run.engine.module, *args, temp, mb, run.share_prompt) if need_old else None,
-        ref=chunked_logprobs(run.ref, *args, temp, mb, run.share_prompt) if run.ref is not None else None,
+        old=chunked_logprobs(run.engine.module, *args, temp, mb, run.share_prompt, lean) if need_old else None,
+        ref=chunked_logprobs(run.ref, *args, temp, mb, run.share_prompt, lean) if run.ref is not None else None,
         values=chunked_values(run.critic.module, *args, mb) if run.critic is not None else None,
         rollout=roll.logprobs,
     )

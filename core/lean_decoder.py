@@ -1,0 +1,189 @@
+"""A lean functional forward of Llama-family decoders (``LlamaForCausalLM``, ``Qwen2ForCausalLM``) that
+reads the Hugging Face module's own parameter tensors, for the no-grad hot paths: the ``torch``
+rollout engine's KV-cached sampling and the reference / old-policy log-prob forwards.
+
+Why (profiled in docs/performance.md): on a small model one decoding step is dozens of tiny ops, and
+the HF module adds its mask, cache and output machinery to each call; that, not arithmetic, was most
+of the sampling time. Here a step is the same arithmetic in fewer, larger ops:
+
+- q/k/v and gate/up projections run as one GEMM each (weights concatenated once per call, no grad);
+- RoPE tables are built once per call for every position, and q and k rotate together;
+- a preallocated KV cache is written in place (no concatenation per token);
+- attention folds the grouped query heads into the batch (``[N, Hkv, rep * t, D]``), so keys and
+  values are never repeated (HF's ``repeat_kv`` copies them), and runs as two batched matmuls with
+  an fp32 softmax; large score tensors go to SDPA instead (``_SDPA_ABOVE``).
+
+Exactness: the operations are HF's in HF's order (RMSNorm in fp32, then the weight; RoPE as
+``x cos + rotate_half(x) sin``; softmax in fp32; scaling from the attention module), so logits agree
+with the HF module to float rounding (tests/core/test_lean_decoder.py: within 1e-5 for Qwen2 and Llama
+with left padding, GQA and MHA, biases on and off; greedy decoding identical to ``generate``).
+
+Where it does not apply, :func:`unsupported_reason` says why and callers use the HF module: other
+architectures or wrappers (PEFT/LoRA), sliding-window layers, RoPE types that depend on the sequence
+length (dynamic, longrope), non-SiLU MLPs, ZeRO-3-partitioned parameters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+_ARCHS = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
+_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables depend on the position alone
+_SDPA_ABOVE = 1 << 24  # score elements (n * heads * t * T) above which attention runs through SDPA
+
+
+def unsupported_reason(model) -> str | None:
+    """None if :class:`LeanDecoder` computes exactly what ``model`` computes, else the reason not."""
+    name = type(model).__name__
+    if name not in _ARCHS:
+        return f"model class {name} (lean forward covers {', '.join(sorted(_ARCHS))})"
+    cfg = model.config
+    if cfg.hidden_act != "silu":
+        return f"hidden_act={cfg.hidden_act!r}"
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        return "sliding-window attention layers"
+    rope = getattr(model.model.rotary_emb, "rope_type", "default")
+    if rope not in _STATIC_ROPE:
+        return f"rope_type={rope!r} depends on the sequence length"
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        return "DeepSpeed ZeRO-3 partitioned parameters"
+    return None
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor  # [H]
+    wqkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor  # [H, Hq D]
+    bo: torch.Tensor | None
+    ln2: torch.Tensor  # [H]
+    wgu: torch.Tensor  # [2 I, H]
+    bgu: torch.Tensor | None
+    wd: torch.Tensor  # [H, I]
+    bd: torch.Tensor | None
+
+
+def _cat_bias(*mods) -> torch.Tensor | None:
+    biases = [m.bias for m in mods]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=m.weight.dtype,
+                                                          device=m.weight.device) for b, m in zip(biases, mods)])
+
+
+class LeanDecoder:
+    """The decoder stack of ``model`` as plain tensor ops (no grad). Build one per call: the fused
+    weights are copies, made when the parameters are current (after the last optimiser step)."""
+
+    @torch.no_grad()
+    def __init__(self, model):
+        cfg, inner = model.config, model.model
+        self.model, self.inner = model, inner
+        self.Hq, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq
+        self.rep, self.I, self.eps = self.Hq // self.Hkv, cfg.intermediate_size, cfg.rms_norm_eps
+        self.scaling = inner.layers[0].self_attn.scaling
+        self.layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(_Layer(
+                layer.input_layernorm.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                _cat_bias(a.q_proj, a.k_proj, a.v_proj), a.o_proj.weight, a.o_proj.bias,
+                layer.post_attention_layernorm.weight, torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                _cat_bias(m.gate_proj, m.up_proj), m.down_proj.weight, m.down_proj.bias))
+        p = inner.embed_tokens.weight
+        self.dtype, self.device = p.dtype, p.device
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """HF ``LlamaRMSNorm`` / ``Qwen2RMSNorm``: normalise in fp32, cast back, then the weight."""
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[n, T, 1, D]`` for ``positions [n, T]``, from the model's own rotary module (its
+        scaling included); ``sin`` carries ``rotate_half``'s sign so rotation is one cat, two muls, an add."""
+        probe = torch.empty(0, dtype=self.dtype, device=self.device)
+        cos, sin = self.inner.rotary_emb(probe, positions)  # [n, T, D]
+        half = self.D // 2
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], -1)
+        return cos.unsqueeze(2), sin.unsqueeze(2)
+
+    def new_cache(self, n: int, length: int) -> list[torch.Tensor]:
+        """Per layer one ``[2, n, Hkv, length, D]`` key/value buffer, written in place by :meth:`forward`."""
+        return [torch.zeros(2, n, self.Hkv, length, self.D, dtype=self.dtype, device=self.device)
+                for _ in self.layers]
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, start: int, cache: list[torch.Tensor], cos: torch.Tensor,
+                sin: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[n, t, H]`` (before the final norm) of tokens ``ids [n, t]`` at cache slots
+        ``start .. start + t - 1``, attending to slots ``0 .. start + t - 1``.
+
+        ``cos``/``sin`` ``[n, t, 1, D]`` are the rows' RoPE tables at those slots; ``bias [n, 1, 1, t, start + t]``
+        is the additive attention mask (0 or -inf). Keys and values of the new tokens are written into
+        ``cache`` first.
+        """
+        n, t = ids.shape
+        T, Hq, Hkv, D, rep = start + t, self.Hq, self.Hkv, self.D, self.rep
+        h = F.embedding(ids, self.inner.embed_tokens.weight)  # [n, t, H]
+        for L, kv in zip(self.layers, cache):
+            qkv = F.linear(self._rms(h, L.ln1), L.wqkv, L.bqkv).view(n, t, Hq + 2 * Hkv, D)
+            qk = qkv[:, :, :Hq + Hkv]  # [n, t, Hq + Hkv, D]: q and k rotate alike
+            qk = qk * cos + torch.cat([qk[..., D // 2:], qk[..., :D // 2]], -1) * sin
+            kv[0, :, :, start:T] = qk[:, :, Hq:].transpose(1, 2)  # [n, Hkv, t, D]
+            kv[1, :, :, start:T] = qkv[:, :, Hq + Hkv:].transpose(1, 2)
+            # query head j * rep + r reads kv head j (HF repeat_kv order)
+            q = qk[:, :, :Hq].reshape(n, t, Hkv, rep, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]
+            o = self._attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias)  # [n, t, Hq D]
+            h = h + F.linear(o, L.wo, L.bo)
+            gu = F.linear(self._rms(h, L.ln2), L.wgu, L.bgu)  # [n, t, 2 I]
+            h = h + F.linear(F.silu(gu[..., :self.I]) * gu[..., self.I:], L.wd, L.bd)
+        return h
+
+    def _attend(self, q, k, v, bias) -> torch.Tensor:
+        """Softmax attention of ``q [n, Hkv, rep, t, D]`` over ``k, v [n, Hkv, T, D]`` -> ``[n, t, Hq D]``."""
+        n, Hkv, rep, t, D = q.shape
+        T = k.shape[2]
+        if n * Hkv * rep * t * T > _SDPA_ABOVE:  # large: no materialised scores
+            o = F.scaled_dot_product_attention(q.reshape(n, Hkv * rep, t, D), k, v, attn_mask=bias[:, 0].to(q.dtype),
+                                               scale=self.scaling, enable_gqa=rep > 1)  # [n, Hq, t, D]
+            return o.transpose(1, 2).reshape(n, t, Hkv * rep * D)
+        s = torch.matmul(q.reshape(n, Hkv, rep * t, D), k.transpose(-1, -2))  # [n, Hkv, rep t, T]
+        s = s.view(n, Hkv, rep, t, T).mul_(self.scaling).add_(bias)  # bias [n, 1, 1, t, T]
+        p = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype).view(n, Hkv, rep * t, T)
+        o = torch.matmul(p, v).view(n, Hkv, rep, t, D)  # [n, Hkv, rep, t, D]
+        return o.permute(0, 3, 1, 2, 4).reshape(n, t, Hkv * rep * D)
+
+    @torch.no_grad()
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: ``[..., H] -> [..., V]``."""
+        lm = self.model.lm_head
+        return F.linear(self._rms(h, self.inner.norm.weight), lm.weight, lm.bias)
+
+
+def prompt_bias(mask: torch.Tensor) -> torch.Tensor:
+    """Additive mask ``[n, 1, 1, P, P]`` of a left-padded prompt block: causal, padded keys hidden. A
+    padded query still sees itself, so no softmax row is empty (its output is never read: padded keys
+    are hidden from every other query)."""
+    n, P = mask.shape
+    causal = torch.ones(P, P, dtype=torch.bool, device=mask.device).tril()  # [P, P]
+    ok = (causal & mask.bool()[:, None, :]) | torch.eye(P, dtype=torch.bool, device=mask.device)  # [n, P, P]
+    return additive_mask(ok)[:, None, None]
+
+
+def continuation_bias(prefix_mask: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+    """Additive mask ``[n, 1, 1, t, S + t]`` for ``t`` new tokens after ``S`` cached slots: every valid
+    prefix slot, the new tokens causally (masked ones hidden from later queries, each sees itself)."""
+    n, t = new_mask.shape
+    causal = torch.ones(t, t, dtype=torch.bool, device=new_mask.device).tril()
+    new_ok = (causal & new_mask.bool()[:, None, :]) | torch.eye(t, dtype=torch.bool, device=new_mask.device)
+    ok = torch.cat([prefix_mask.bool()[:, None, :].expand(n, t, prefix_mask.shape[1]), new_ok], -1)  # [n, t, S+t]
+    return additive_mask(ok)[:, None, None]
+
+
+def additive_mask(ok: torch.Tensor) -> torch.Tensor:
+    """0 where ``ok``, -inf elsewhere (float32, the attention add)."""
+    return torch.zeros(ok.shape, device=ok.device).masked_fill_(~ok, float("-inf"))
