@@ -75,10 +75,12 @@ def _cat_bias(*mods) -> torch.Tensor | None:
 
 
 class LeanDecoder:
-    """The decoder stack of ``model`` as plain tensor ops (no grad). Build one per call: the fused
+    """The decoder stack of ``model`` as plain tensor ops, in inference mode (no autograd, no version
+    counters: ~10% less per-op overhead than ``no_grad`` here; what comes out is an inference tensor,
+    and the first op outside inference mode gives an ordinary one). Build one per call: the fused
     weights are copies, made when the parameters are current (after the last optimiser step)."""
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def __init__(self, model):
         cfg, inner = model.config, model.model
         self.model, self.inner = model, inner
@@ -116,7 +118,7 @@ class LeanDecoder:
         return [torch.zeros(2, n, self.Hkv, length, self.D, dtype=self.dtype, device=self.device)
                 for _ in self.layers]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, cache: list[torch.Tensor], cos: torch.Tensor,
                 sin: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Hidden states ``[n, t, H]`` (before the final norm) of tokens ``ids [n, t]`` at cache slots
@@ -157,7 +159,7 @@ class LeanDecoder:
         o = torch.matmul(p, v).view(n, Hkv, rep, t, D)  # [n, Hkv, rep, t, D]
         return o.permute(0, 3, 1, 2, 4).reshape(n, t, Hkv * rep * D)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: ``[..., H] -> [..., V]``."""
         lm = self.model.lm_head

@@ -51,7 +51,7 @@ def response_logits(model, input_ids, attention_mask, prompt_length: int, share_
     return torch.cat([pre.logits[group], out.logits], 1)  # [N, R, V]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def lean_response_logits(model, input_ids, attention_mask, prompt_length: int) -> torch.Tensor:
     """:func:`response_logits` through :class:`core.lean_decoder.LeanDecoder`: the distinct prompts are
     prefilled once, their keys/values copied into each row's cache, then the response tokens run."""

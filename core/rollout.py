@@ -275,7 +275,7 @@ class TorchEngine(HFEngine):
         model.train(was_training)
         return assemble(ids[rows].cpu(), mask[rows].cpu(), resp.cpu(), self.eos_ids, pad, logp.float().cpu())
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _lean(self, model, ids, mask, rows, sp: Sampling, pad: int):
         """Prefill the ``u`` distinct prompts into a cache sized for the whole completion, repeat it for
         the ``N`` rows, then decode one token per step into it."""

@@ -1,4 +1,5 @@
-"""Process-level settings of the training entry point (``recipes/run.py``).
+"""Process-level settings of the training entry point (``recipes/run.py``): the glibc allocator and
+torch's CPU thread count (``cpu_threads``).
 
 glibc ``malloc`` (PyTorch's CPU allocator) serves blocks above its dynamic mmap threshold (128 KiB at
 start) with fresh pages and hands freed heap tops back to the OS, so on CPU every step's activations
@@ -34,3 +35,13 @@ def keep_freed_memory() -> bool:
     ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, min(TRIM_THRESHOLD, 2**31 - 1)))
     log.debug("glibc malloc thresholds raised: %s", ok)
     return ok
+
+
+def set_cpu_threads(n: int) -> None:
+    """``torch.set_num_threads(n)`` for ``n > 0`` (config ``cpu_threads``); 0 leaves torch's default."""
+    if n < 0:
+        raise ValueError(f"cpu_threads={n}: expected 0 (torch's default) or a positive thread count")
+    if n:
+        import torch
+
+        torch.set_num_threads(n)

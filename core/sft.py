@@ -49,8 +49,10 @@ def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]],
     a seed sweep measures RL's variance from one fixed start (and builds the start once).
     """
     seed = int(ws_cfg.seed)
+    # the thread count is part of the key: it sets the GEMMs' float rounding, and the outcome of 400
+    # SFT steps on a tiny model depends on it (conf/recipe/tiny_math_grpo.yaml, cpu_threads)
     key = {"base": base_dir, "ws": dict(ws_cfg), "n": len(prompts),
-           "data": [prompts[:50], answers[:50]]}
+           "data": [prompts[:50], answers[:50]], "threads": torch.get_num_threads()}
 
     def build(out: Path) -> None:
         tok = load_tokenizer(base_dir)

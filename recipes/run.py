@@ -50,10 +50,11 @@ def _quiet() -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    from core.runtime import keep_freed_memory
+    from core.runtime import keep_freed_memory, set_cpu_threads
 
     _quiet()
     keep_freed_memory()  # glibc keeps freed activations mapped: no page faults per step (core/runtime.py)
+    set_cpu_threads(int(cfg.cpu_threads))
     return run(cfg)
 
 
