@@ -7,15 +7,16 @@ the HF module adds its mask, cache and output machinery to each call; that, not 
 of the sampling time. Here a step is the same arithmetic in fewer, larger ops:
 
 - q/k/v and gate/up projections run as one GEMM each (weights concatenated once per call, no grad);
-- RoPE tables are built once per call for every position, and q and k rotate together;
-- a preallocated KV cache is written in place (no concatenation per token);
-- attention folds the grouped query heads into the batch (``[N, Hkv, rep * t, D]``), so keys and
-  values are never repeated (HF's ``repeat_kv`` copies them), and runs as two batched matmuls with
-  an fp32 softmax; large score tensors go to SDPA instead (``_SDPA_ABOVE``).
+- RoPE tables are built once per call for every position, and q and k rotate together, in place;
+- a preallocated KV cache is written in place, keys and values in one copy (no concatenation per token);
+- attention folds the grouped query heads into the batch (``[N Hkv, rep t, D]``), so keys and
+  values are never repeated (HF's ``repeat_kv`` copies them): mask + scaled scores in one ``baddbmm``,
+  an fp32 softmax, one ``bmm``; large score tensors go to SDPA instead (``_SDPA_ABOVE``);
+- residual adds happen inside the output GEMMs (``addmm``).
 
-Exactness: the operations are HF's in HF's order (RMSNorm in fp32, then the weight; RoPE as
-``x cos + rotate_half(x) sin``; softmax in fp32; scaling from the attention module), so logits agree
-with the HF module to float rounding (tests/core/test_lean_decoder.py: within 1e-5 for Qwen2 and Llama
+Exactness: the operations are HF's (RMSNorm in fp32, then the weight; RoPE as
+``x cos + rotate_half(x) sin``; softmax in fp32; scaling from the attention module), some fused or
+reassociated (the residual add inside the GEMM), so logits agree with the HF module to float rounding (tests/core/test_lean_decoder.py: within 1e-5 for Qwen2 and Llama
 with left padding, GQA and MHA, biases on and off; greedy decoding identical to ``generate``).
 
 Where it does not apply, :func:`unsupported_reason` says why and callers use the HF module: other
@@ -100,13 +101,17 @@ class LeanDecoder:
         self.dtype, self.device = p.dtype, p.device
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """HF ``LlamaRMSNorm`` / ``Qwen2RMSNorm``: normalise in fp32, cast back, then the weight."""
+        """HF ``LlamaRMSNorm`` / ``Qwen2RMSNorm``: normalise in fp32, cast back, then the weight (in fp32 the
+        same two products, with the casts and temporaries left out)."""
+        if x.dtype == torch.float32:
+            return (x * x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()).mul_(w)
         xf = x.float()
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` ``[n, T, 1, D]`` for ``positions [n, T]``, from the model's own rotary module (its
-        scaling included); ``sin`` carries ``rotate_half``'s sign so rotation is one cat, two muls, an add."""
+        scaling included); ``sin`` carries ``rotate_half``'s sign, so ``rotate_half(x) * sin`` is
+        ``roll(x, D/2) * sin_signed``."""
         probe = torch.empty(0, dtype=self.dtype, device=self.device)
         cos, sin = self.inner.rotary_emb(probe, positions)  # [n, T, D]
         half = self.D // 2
@@ -130,40 +135,56 @@ class LeanDecoder:
         """
         n, t = ids.shape
         T, Hq, Hkv, D, rep = start + t, self.Hq, self.Hkv, self.D, self.rep
+        small = n * Hq * t * T <= _SDPA_ABOVE
+        if small:  # the mask per (row, kv head) batch of the score matmul: [n Hkv, rep t, T]
+            bias = bias.to(self.dtype).expand(n, Hkv, rep, t, T).reshape(n * Hkv, rep * t, T)
         h = F.embedding(ids, self.inner.embed_tokens.weight)  # [n, t, H]
         for L, kv in zip(self.layers, cache):
             qkv = F.linear(self._rms(h, L.ln1), L.wqkv, L.bqkv).view(n, t, Hq + 2 * Hkv, D)
-            qk = qkv[:, :, :Hq + Hkv]  # [n, t, Hq + Hkv, D]: q and k rotate alike
-            qk = qk * cos + torch.cat([qk[..., D // 2:], qk[..., :D // 2]], -1) * sin
-            kv[0, :, :, start:T] = qk[:, :, Hq:].transpose(1, 2)  # [n, Hkv, t, D]
-            kv[1, :, :, start:T] = qkv[:, :, Hq + Hkv:].transpose(1, 2)
+            qk = qkv[:, :, :Hq + Hkv]  # [n, t, Hq + Hkv, D]: q and k rotate alike, in place
+            turned = torch.roll(qk, D // 2, -1)  # [x2, x1]; sin carries rotate_half's sign
+            qk.mul_(cos).addcmul_(turned, sin)
+            # keys and values of the new tokens into slots start..T-1, one copy: [2, n, Hkv, t, D]
+            kv[:, :, :, start:T].copy_(qkv[:, :, Hq:].view(n, t, 2, Hkv, D).permute(2, 0, 3, 1, 4))
             # query head j * rep + r reads kv head j (HF repeat_kv order)
-            q = qk[:, :, :Hq].reshape(n, t, Hkv, rep, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]
-            o = self._attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias)  # [n, t, Hq D]
-            h = h + F.linear(o, L.wo, L.bo)
+            q = qkv[:, :, :Hq].reshape(n, t, Hkv, rep, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]
+            o = self._attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias) if small else \
+                self._sdpa(q, kv[0, :, :, :T], kv[1, :, :, :T], bias)  # [n, t, Hq D]
+            h = _residual(h, o, L.wo, L.bo)
             gu = F.linear(self._rms(h, L.ln2), L.wgu, L.bgu)  # [n, t, 2 I]
-            h = h + F.linear(F.silu(gu[..., :self.I]) * gu[..., self.I:], L.wd, L.bd)
+            h = _residual(h, F.silu(gu[..., :self.I]).mul_(gu[..., self.I:]), L.wd, L.bd)
         return h
 
     def _attend(self, q, k, v, bias) -> torch.Tensor:
-        """Softmax attention of ``q [n, Hkv, rep, t, D]`` over ``k, v [n, Hkv, T, D]`` -> ``[n, t, Hq D]``."""
+        """Softmax attention of ``q [n, Hkv, rep, t, D]`` over ``k, v [n, Hkv, T, D]`` with ``bias
+        [n Hkv, rep t, T]`` -> ``[n, t, Hq D]``: ``bias + scaling q k^T`` in one batched matmul, an fp32
+        softmax, then the values."""
         n, Hkv, rep, t, D = q.shape
         T = k.shape[2]
-        if n * Hkv * rep * t * T > _SDPA_ABOVE:  # large: no materialised scores
-            o = F.scaled_dot_product_attention(q.reshape(n, Hkv * rep, t, D), k, v, attn_mask=bias[:, 0].to(q.dtype),
-                                               scale=self.scaling, enable_gqa=rep > 1)  # [n, Hq, t, D]
-            return o.transpose(1, 2).reshape(n, t, Hkv * rep * D)
-        s = torch.matmul(q.reshape(n, Hkv, rep * t, D), k.transpose(-1, -2))  # [n, Hkv, rep t, T]
-        s = s.view(n, Hkv, rep, t, T).mul_(self.scaling).add_(bias)  # bias [n, 1, 1, t, T]
-        p = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype).view(n, Hkv, rep * t, T)
-        o = torch.matmul(p, v).view(n, Hkv, rep, t, D)  # [n, Hkv, rep, t, D]
+        s = torch.baddbmm(bias, q.reshape(n * Hkv, rep * t, D), k.reshape(n * Hkv, T, D).transpose(1, 2),
+                          alpha=self.scaling)  # [n Hkv, rep t, T]
+        p = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype)
+        o = torch.bmm(p, v.reshape(n * Hkv, T, D)).view(n, Hkv, rep, t, D)
         return o.permute(0, 3, 1, 2, 4).reshape(n, t, Hkv * rep * D)
+
+    def _sdpa(self, q, k, v, bias) -> torch.Tensor:
+        """The same through SDPA (no materialised scores) for large ``n x heads x t x T``; ``bias [n, 1, 1, t, T]``."""
+        n, Hkv, rep, t, D = q.shape
+        o = F.scaled_dot_product_attention(q.reshape(n, Hkv * rep, t, D), k, v, attn_mask=bias[:, 0].to(q.dtype),
+                                           scale=self.scaling, enable_gqa=rep > 1)  # [n, Hq, t, D]
+        return o.transpose(1, 2).reshape(n, t, Hkv * rep * D)
 
     @torch.inference_mode()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: ``[..., H] -> [..., V]``."""
         lm = self.model.lm_head
         return F.linear(self._rms(h, self.inner.norm.weight), lm.weight, lm.bias)
+
+
+def _residual(h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``h + linear(x, w, b)`` with the residual added inside the GEMM (``addmm``): ``[n, t, H]``."""
+    out = torch.addmm(h.reshape(-1, h.shape[-1]), x.reshape(-1, x.shape[-1]), w.t()).view(h.shape)
+    return out if b is None else out.add_(b)
 
 
 def prompt_bias(mask: torch.Tensor) -> torch.Tensor:
