@@ -3,7 +3,8 @@
 Same locally built tiny Qwen2 (conf/model/tiny_qwen2.yaml), same arithmetic prompts (core.data), same
 reward (``get_verifier("math")``), group size, completion length, batch, learning rate, KL beta
 (k3 in the loss), token-mean loss (TRL ``loss_type="bnpo"``), one optimiser step per generation
-batch, fp32, no gradient checkpointing. Each side runs in a fresh subprocess, alternating, several
+batch, fused AdamW, fp32, no gradient checkpointing, the same glibc allocator setting
+(``core/runtime.py``; ``BENCH_MALLOC=default`` leaves glibc's defaults on both sides). Each side runs in a fresh subprocess, alternating, several
 repetitions; the per-step wall time excludes setup and the first (warm-up) step; peak memory is
 the child process's peak RSS (``ru_maxrss``). Both sides use the same intra-op thread count
 (``BENCH_THREADS``, default 1: the tiny model gains nothing from more on 2 shared cores).

@@ -20,8 +20,9 @@ reassociated (the residual add inside the GEMM), so logits agree with the HF mod
 with left padding, GQA and MHA, biases on and off; greedy decoding identical to ``generate``).
 
 Where it does not apply, :func:`unsupported_reason` says why and callers use the HF module: other
-architectures or wrappers (PEFT/LoRA), sliding-window layers, RoPE types that depend on the sequence
-length (dynamic, longrope), non-SiLU MLPs, ZeRO-3-partitioned parameters.
+architectures or wrappers (PEFT/LoRA), an attention implementation other than sdpa/eager (a model set
+up for flash-attn keeps it), sliding-window layers, RoPE types that depend on the sequence length
+(dynamic, longrope), non-SiLU MLPs, ZeRO-3-partitioned parameters.
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def unsupported_reason(model) -> str | None:
     if name not in _ARCHS:
         return f"model class {name} (lean forward covers {', '.join(sorted(_ARCHS))})"
     cfg = model.config
+    attn = getattr(cfg, "_attn_implementation", None) or "eager"
+    if attn not in ("sdpa", "eager"):
+        return f"attn_implementation={attn!r} (the lean forward attends with matmuls or SDPA)"
     if cfg.hidden_act != "silu":
         return f"hidden_act={cfg.hidden_act!r}"
     if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):

@@ -311,12 +311,13 @@ class TorchEngine(HFEngine):
                     logits_to_keep=1)
         cache = out.past_key_values
         cache.reorder_cache(rows)  # [N, ...]
-        state = {"mask": mask[rows]}
-        pos = state["mask"].sum(-1, keepdim=True)  # [N, 1] next position (left padding skipped)
+        am = mask[rows]  # [N, P]
+        pos = am.sum(-1, keepdim=True)  # [N, 1] next position (left padding skipped)
 
         def step(tok, t):
-            state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], 1)  # [N, P + t + 1]
-            return model(input_ids=tok.unsqueeze(-1), attention_mask=state["mask"], position_ids=pos + t,
+            nonlocal am
+            am = torch.cat([am, torch.ones_like(am[:, :1])], 1)  # [N, P + t + 1]
+            return model(input_ids=tok.unsqueeze(-1), attention_mask=am, position_ids=pos + t,
                          past_key_values=cache, use_cache=True).logits[:, -1]  # [N, V]
 
         return self._decode(out.logits[:, -1][rows], step, sp, pad)

@@ -121,6 +121,9 @@ def test_uncovered_models_name_the_reason_and_fall_back():
     cfg = transformers.Qwen2Config(**{**BASE, "vocab_size": 128, "use_sliding_window": True, "sliding_window": 4,
                                      "max_window_layers": 0})
     assert "sliding" in lean_decoder.unsupported_reason(transformers.Qwen2ForCausalLM(cfg))
+    flash = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**BASE, "vocab_size": 128}))
+    flash.config._attn_implementation = "flash_attention_2"
+    assert "flash_attention_2" in lean_decoder.unsupported_reason(flash)
     cfg = transformers.LlamaConfig(**{**BASE, "vocab_size": 128, "hidden_act": "gelu"})
     assert "hidden_act" in lean_decoder.unsupported_reason(transformers.LlamaForCausalLM(cfg))
     cfg = transformers.LlamaConfig(**{**BASE, "vocab_size": 128, "rope_parameters": {
