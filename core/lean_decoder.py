@@ -128,6 +128,16 @@ class LeanDecoder:
                 for _ in self.layers]
 
     @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                rows: torch.Tensor, length: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Run the ``u`` distinct left-padded prompts ``ids, mask [u, P]`` into a cache of ``length`` slots,
+        then repeat it for the ``N`` rows that share them (``rows [N]`` indexes ``[u]``). Returns the
+        logits at the last prompt slot ``[N, V]`` (they score the first new token) and the rows' cache."""
+        cache = self.new_cache(ids.shape[0], length)
+        h = self.forward(ids, 0, cache, cos, sin, prompt_bias(mask))  # [u, P, H]
+        return self.logits(h[:, -1])[rows], [kv[:, rows] for kv in cache]  # [N, V], [2, N, Hkv, length, D]
+
+    @torch.inference_mode()
     def forward(self, ids: torch.Tensor, start: int, cache: list[torch.Tensor], cos: torch.Tensor,
                 sin: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Hidden states ``[n, t, H]`` (before the final norm) of tokens ``ids [n, t]`` at cache slots

@@ -12,7 +12,7 @@ whether a batch has shared prompts is data.
 
 The no-grad forwards (:func:`chunked_logprobs`: reference and old policy) run through
 :class:`core.lean_decoder.LeanDecoder` when ``lean`` and the model is one it covers; the training
-forward (with grad) always runs the HF module inside the optimiser engine.
+forward (:func:`response_logprobs`, with grad) always runs the HF module inside the optimiser engine.
 """
 from __future__ import annotations
 
@@ -52,45 +52,43 @@ def response_logits(model, input_ids, attention_mask, prompt_length: int, share_
 
 
 @torch.inference_mode()
-def lean_response_logits(model, input_ids, attention_mask, prompt_length: int) -> torch.Tensor:
-    """:func:`response_logits` through :class:`core.lean_decoder.LeanDecoder`: the distinct prompts are
-    prefilled once, their keys/values copied into each row's cache, then the response tokens run."""
+def lean_response_logits(model, input_ids, attention_mask, prompt_length: int,
+                         dec: lean_decoder.LeanDecoder | None = None) -> torch.Tensor:
+    """:func:`response_logits` through :class:`core.lean_decoder.LeanDecoder` (``dec``, or one built on
+    ``model``): the distinct prompts are prefilled once and their cache repeated per row, then the
+    response tokens run."""
     P, (N, T) = prompt_length, input_ids.shape
-    dec, pos = lean_decoder.LeanDecoder(model), position_ids(attention_mask)  # [N, T]
+    dec = lean_decoder.LeanDecoder(model) if dec is None else dec
+    pos = position_ids(attention_mask)  # [N, T]
     first, group = prompt_groups(input_ids, attention_mask, P)  # [u], [N]
     cos, sin = dec.rope(pos)  # [N, T, 1, D]
-    pcache = dec.new_cache(len(first), P)
-    hp = dec.forward(input_ids[first, :P], 0, pcache, cos[first, :P], sin[first, :P],
-                     lean_decoder.prompt_bias(attention_mask[first, :P]))  # [u, P, H]
-    head = dec.logits(hp[:, -1])[group].unsqueeze(1)  # [N, 1, V] scores token P
+    head, cache = dec.prefill(input_ids[first, :P], attention_mask[first, :P], cos[first, :P], sin[first, :P],
+                              group, T - 1)  # [N, V] scores token P
     if T - P < 2:
-        return head
-    cache = dec.new_cache(N, T - 1)
-    for kv, pkv in zip(cache, pcache):
-        kv[:, :, :, :P] = pkv[:, group]
+        return head.unsqueeze(1)  # [N, 1, V]
     h = dec.forward(input_ids[:, P:-1], P, cache, cos[:, P:-1], sin[:, P:-1],
                     lean_decoder.continuation_bias(attention_mask[:, :P], attention_mask[:, P:-1]))  # [N, R-1, H]
-    return torch.cat([head, dec.logits(h)], 1)  # [N, R, V]
+    return torch.cat([head.unsqueeze(1), dec.logits(h)], 1)  # [N, R, V]
 
 
 def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temperature: float = 1.0,
-                      with_entropy: bool = False, entropy_grad: bool = False, share_prompt: bool = True,
-                      lean: bool = False):
+                      with_entropy: bool = False, entropy_grad: bool = False, share_prompt: bool = True):
     """Log-prob of each response token under ``model`` with logits divided by ``temperature``.
 
     Returns ``(logprobs [N, R], entropy [N, R] or None)``; position ``t`` scores token ``P + t`` from
     the logits at ``P + t - 1``. Entropy is of the full temperature-scaled distribution, detached
-    unless ``entropy_grad`` (an entropy bonus needs its gradient; logging does not). ``lean``: no-grad
-    calls may use :func:`lean_response_logits` (ignored with grad enabled or where it does not apply).
+    unless ``entropy_grad`` (an entropy bonus needs its gradient; logging does not).
     """
-    if lean and not torch.is_grad_enabled() and lean_decoder.unsupported_reason(model) is None:
-        logits = lean_response_logits(model, input_ids, attention_mask, prompt_length).float()  # [N, R, V]
-    else:
-        logits = response_logits(model, input_ids, attention_mask, prompt_length, share_prompt).float()
+    logits = response_logits(model, input_ids, attention_mask, prompt_length, share_prompt).float()  # [N, R, V]
+    return token_logprobs(logits, input_ids[:, prompt_length:], temperature, with_entropy, entropy_grad)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool = False,
+                   entropy_grad: bool = False):
+    """``(log-prob of targets [N, R], entropy [N, R] or None)`` from ``logits [N, R, V]`` divided by ``temperature``."""
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, -1)  # [N, R, V]
-    targets = input_ids[:, prompt_length:]  # [N, R]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N, R]
     entropy = None
     if with_entropy:
@@ -103,15 +101,18 @@ def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temp
 def chunked_logprobs(model, input_ids, attention_mask, prompt_length: int, temperature: float,
                      micro_batch_size: int, share_prompt: bool = True, lean: bool = False) -> torch.Tensor:
     """No-grad :func:`response_logprobs` in chunks of ``micro_batch_size`` rows (old / reference
-    policies: the sources' ``log_prob_micro_batch_size`` / ``forward micro batch`` knobs)."""
+    policies: the sources' ``log_prob_micro_batch_size`` / ``forward micro batch`` knobs). With ``lean``
+    and a model it covers, through one :class:`core.lean_decoder.LeanDecoder` for all chunks."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    outs = []
+    dec = lean_decoder.LeanDecoder(model) if lean and lean_decoder.unsupported_reason(model) is None else None
+    P, outs = prompt_length, []
     for i in range(0, input_ids.shape[0], micro_batch_size):
-        lp, _ = response_logprobs(model, input_ids[i:i + micro_batch_size].to(device),
-                                  attention_mask[i:i + micro_batch_size].to(device), prompt_length, temperature,
-                                  share_prompt=share_prompt, lean=lean)
+        ids, am = input_ids[i:i + micro_batch_size].to(device), attention_mask[i:i + micro_batch_size].to(device)
+        logits = (lean_response_logits(model, ids, am, P, dec) if dec is not None
+                  else response_logits(model, ids, am, P, share_prompt))  # [n, R, V]
+        lp, _ = token_logprobs(logits.float(), ids[:, P:], temperature)
         outs.append(lp.cpu())
     model.train(was_training)
     return torch.cat(outs)  # [N, R]

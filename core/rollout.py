@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from core import lean_decoder
+
 _ENGINES: dict[str, Callable] = {}
 
 
@@ -258,8 +260,6 @@ class TorchEngine(HFEngine):
         self.lean = bool(cfg.get("lean_forward", True))
 
     def _generate_chunk(self, prompts: list[list[int]], sp: Sampling) -> Rollout:
-        from core import lean_decoder
-
         pad, model = self.tokenizer.pad_token_id, self.model
         uniq, counts = _distinct_runs(prompts)
         ids, mask = left_pad(uniq, pad)  # [u, P]
@@ -279,20 +279,16 @@ class TorchEngine(HFEngine):
     def _lean(self, model, ids, mask, rows, sp: Sampling, pad: int):
         """Prefill the ``u`` distinct prompts into a cache sized for the whole completion, repeat it for
         the ``N`` rows, then decode one token per step into it."""
-        from core.lean_decoder import LeanDecoder, additive_mask, prompt_bias
         from core.policy import position_ids
 
-        dec, (u, P), new = LeanDecoder(model), ids.shape, sp.max_new_tokens
+        dec, (u, P), new = lean_decoder.LeanDecoder(model), ids.shape, sp.max_new_tokens
         steps = torch.arange(new, device=ids.device)
         pos = torch.cat([position_ids(mask), mask.sum(-1, keepdim=True) + steps], 1)  # [u, P + new]
         cos, sin = dec.rope(pos)  # [u, P + new, 1, D]
-        cache = dec.new_cache(u, P + new)
-        h = dec.forward(ids, 0, cache, cos[:, :P], sin[:, :P], prompt_bias(mask))  # [u, P, H]
-        logits = dec.logits(h[:, -1])[rows]  # [N, V]
-        cache = [kv[:, rows] for kv in cache]  # [2, N, Hkv, P + new, D] each
+        logits, cache = dec.prefill(ids, mask, cos[:, :P], sin[:, :P], rows, P + new)  # [N, V], [2, N, Hkv, P+new, D]
         cos, sin = cos[rows], sin[rows]
         # generated slots are visible to later tokens (rows already done keep feeding pad, as generate does)
-        bias = additive_mask(torch.cat([mask.bool(), torch.ones(u, new, dtype=torch.bool, device=ids.device)], 1))
+        bias = lean_decoder.additive_mask(torch.cat([mask.bool(), torch.ones(u, new, dtype=torch.bool, device=ids.device)], 1))
         bias = bias[rows][:, None, None, None]  # [N, 1, 1, 1, P + new]
 
         def step(tok, t):
