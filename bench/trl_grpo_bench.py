@@ -49,6 +49,10 @@ STEPS = int(os.environ.get("BENCH_STEPS", 6))
 REPS = int(os.environ.get("BENCH_REPS", 3))
 THREADS = int(os.environ.get("BENCH_THREADS", 1))
 OURS_ENGINE = os.environ.get("BENCH_ENGINE", "torch")
+# both sides run pinned to the same core (the lowest this process may use unless BENCH_CPU names one):
+# on a shared VM the cores differ (one takes the virtio interrupts), and a side that lands on the
+# busier core at random turns into run-to-run noise; "none" leaves the scheduler free
+CPU = os.environ.get("BENCH_CPU") or (str(min(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "none")
 
 
 def _compose(overrides: list[str]):
@@ -159,6 +163,8 @@ def child(side: str) -> None:
 
     import torch
 
+    if CPU != "none":
+        os.sched_setaffinity(0, {int(CPU)})
     torch.set_num_threads(THREADS)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     times, flops = SIDES[side]()
@@ -202,7 +208,7 @@ def main() -> dict:
     """Alternate the two sides ``REPS`` times; print medians, the ratio and peak memory."""
     print(f"GRPO step, CPU, {THREADS} thread(s): {PROMPTS} prompts ({PROMPT} template) x {GROUP} completions, "
           f"<= {MAX_NEW} new tokens, beta {BETA}, {STEPS} steps (first excluded), {REPS} alternating reps; ours: "
-          f"rollout.engine={OURS_ENGINE}", flush=True)
+          f"rollout.engine={OURS_ENGINE}; both pinned to CPU {CPU}", flush=True)
     res = {"ours": [], "trl": []}
     for rep in range(REPS):
         for side in (("ours", "trl") if rep % 2 == 0 else ("trl", "ours")):

@@ -113,14 +113,8 @@ class LeanDecoder:
         return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` ``[n, T, 1, D]`` for ``positions [n, T]``, from the model's own rotary module (its
-        scaling included); ``sin`` carries ``rotate_half``'s sign, so ``rotate_half(x) * sin`` is
-        ``roll(x, D/2) * sin_signed``."""
-        probe = torch.empty(0, dtype=self.dtype, device=self.device)
-        cos, sin = self.inner.rotary_emb(probe, positions)  # [n, T, D]
-        half = self.D // 2
-        sin = torch.cat([-sin[..., :half], sin[..., half:]], -1)
-        return cos.unsqueeze(2), sin.unsqueeze(2)
+        """:func:`rope_tables` of this model."""
+        return rope_tables(self.model, positions)
 
     def new_cache(self, n: int, length: int) -> list[torch.Tensor]:
         """Per layer one ``[2, n, Hkv, length, D]`` key/value buffer, written in place by :meth:`forward`."""
@@ -162,37 +156,64 @@ class LeanDecoder:
             kv[:, :, :, start:T].copy_(qkv[:, :, Hq:].view(n, t, 2, Hkv, D).permute(2, 0, 3, 1, 4))
             # query head j * rep + r reads kv head j (HF repeat_kv order)
             q = qkv[:, :, :Hq].reshape(n, t, Hkv, rep, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]
-            o = self._attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias) if small else \
-                self._sdpa(q, kv[0, :, :, :T], kv[1, :, :, :T], bias)  # [n, t, Hq D]
+            o = attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias, self.scaling) if small else \
+                sdpa_attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias, self.scaling)  # [n, t, Hq D]
             h = _residual(h, o, L.wo, L.bo)
             gu = F.linear(self._rms(h, L.ln2), L.wgu, L.bgu)  # [n, t, 2 I]
             h = _residual(h, F.silu(gu[..., :self.I]).mul_(gu[..., self.I:]), L.wd, L.bd)
         return h
-
-    def _attend(self, q, k, v, bias) -> torch.Tensor:
-        """Softmax attention of ``q [n, Hkv, rep, t, D]`` over ``k, v [n, Hkv, T, D]`` with ``bias
-        [n Hkv, rep t, T]`` -> ``[n, t, Hq D]``: ``bias + scaling q k^T`` in one batched matmul, an fp32
-        softmax, then the values."""
-        n, Hkv, rep, t, D = q.shape
-        T = k.shape[2]
-        s = torch.baddbmm(bias, q.reshape(n * Hkv, rep * t, D), k.reshape(n * Hkv, T, D).transpose(1, 2),
-                          alpha=self.scaling)  # [n Hkv, rep t, T]
-        p = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype)
-        o = torch.bmm(p, v.reshape(n * Hkv, T, D)).view(n, Hkv, rep, t, D)
-        return o.permute(0, 3, 1, 2, 4).reshape(n, t, Hkv * rep * D)
-
-    def _sdpa(self, q, k, v, bias) -> torch.Tensor:
-        """The same through SDPA (no materialised scores) for large ``n x heads x t x T``; ``bias [n, 1, 1, t, T]``."""
-        n, Hkv, rep, t, D = q.shape
-        o = F.scaled_dot_product_attention(q.reshape(n, Hkv * rep, t, D), k, v, attn_mask=bias[:, 0].to(q.dtype),
-                                           scale=self.scaling, enable_gqa=rep > 1)  # [n, Hq, t, D]
-        return o.transpose(1, 2).reshape(n, t, Hkv * rep * D)
 
     @torch.inference_mode()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: ``[..., H] -> [..., V]``."""
         lm = self.model.lm_head
         return F.linear(self._rms(h, self.inner.norm.weight), lm.weight, lm.bias)
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as ``generate`` computes them: ``cumsum(mask) - 1``."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, T]
+
+
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int):
+    """``(first_rows [u], group_of_row [N])`` for runs of identical consecutive prompts."""
+    p = torch.cat([input_ids[:, :prompt_length], attention_mask[:, :prompt_length]], 1)  # [N, 2P]
+    new = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)  # [N]
+    new[1:] = (p[1:] != p[:-1]).any(-1)
+    return new.nonzero().squeeze(-1), new.long().cumsum(0) - 1
+
+
+def rope_tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` ``[n, T, 1, D]`` for ``positions [n, T]``, from the model's own rotary module (its
+    scaling included); ``sin`` carries ``rotate_half``'s sign, so ``rotate_half(x) * sin`` is
+    ``roll(x, D/2) * sin_signed``."""
+    p = model.model.embed_tokens.weight
+    probe = torch.empty(0, dtype=p.dtype, device=p.device)
+    cos, sin = model.model.rotary_emb(probe, positions)  # [n, T, D]
+    half = cos.shape[-1] // 2
+    sin = torch.cat([-sin[..., :half], sin[..., half:]], -1)
+    return cos.unsqueeze(2), sin.unsqueeze(2)
+
+
+def attend(q, k, v, bias, scaling: float) -> torch.Tensor:
+    """Softmax attention of ``q [n, Hkv, rep, t, D]`` over ``k, v [n, Hkv, T, D]`` with ``bias
+    [n Hkv, rep t, T]`` -> ``[n, t, Hq D]``: ``bias + scaling q k^T`` in one batched matmul, an fp32
+    softmax, then the values (no autograd-unsafe ops: the packed training forward uses it too)."""
+    n, Hkv, rep, t, D = q.shape
+    T = k.shape[2]
+    s = torch.baddbmm(bias, q.reshape(n * Hkv, rep * t, D), k.reshape(n * Hkv, T, D).transpose(1, 2),
+                      alpha=scaling)  # [n Hkv, rep t, T]
+    p = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype)
+    o = torch.bmm(p, v.reshape(n * Hkv, T, D)).view(n, Hkv, rep, t, D)
+    return o.permute(0, 3, 1, 2, 4).reshape(n, t, Hkv * rep * D)
+
+
+def sdpa_attend(q, k, v, bias, scaling: float) -> torch.Tensor:
+    """:func:`attend` through SDPA (no materialised scores) for large ``n x heads x t x T``; ``bias [n, 1, 1, t, T]``."""
+    n, Hkv, rep, t, D = q.shape
+    o = F.scaled_dot_product_attention(q.reshape(n, Hkv * rep, t, D), k, v, attn_mask=bias[:, 0].to(q.dtype),
+                                       scale=scaling, enable_gqa=rep > 1)  # [n, Hq, t, D]
+    return o.transpose(1, 2).reshape(n, t, Hkv * rep * D)
 
 
 def _residual(h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

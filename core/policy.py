@@ -10,28 +10,19 @@ the shared prompt cache, so the policy update uses the same path.
 to call the model the same number of times (its per-module parameter gathers are collective), and
 whether a batch has shared prompts is data.
 
-The no-grad forwards (:func:`chunked_logprobs`: reference and old policy) run through
-:class:`core.lean_decoder.LeanDecoder` when ``lean`` and the model is one it covers; the training
-forward (:func:`response_logprobs`, with grad) always runs the HF module inside the optimiser engine.
+With ``packing`` (config ``train.packing``) and a model :func:`core.packed.unsupported_reason` accepts,
+both the training forward (:func:`response_logprobs`, with grad, inside the optimiser engine) and
+the no-grad ones (:func:`chunked_logprobs`: reference and old policy) run padding-free through
+:func:`core.packed.packed_logprobs`. Otherwise the no-grad forwards run through
+:class:`core.lean_decoder.LeanDecoder` when ``lean`` and the model is one it covers, and the training
+forward runs the HF module.
 """
 from __future__ import annotations
 
 import torch
 
-from core import lean_decoder
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, as ``generate`` computes them: ``cumsum(mask) - 1``."""
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, T]
-
-
-def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int):
-    """``(first_rows [u], group_of_row [N])`` for runs of identical consecutive prompts."""
-    p = torch.cat([input_ids[:, :prompt_length], attention_mask[:, :prompt_length]], 1)  # [N, 2P]
-    new = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)  # [N]
-    new[1:] = (p[1:] != p[:-1]).any(-1)
-    return new.nonzero().squeeze(-1), new.long().cumsum(0) - 1
+from core import lean_decoder, packed
+from core.lean_decoder import position_ids, prompt_groups  # noqa: F401  (re-exported: the rollout layout helpers)
 
 
 def response_logits(model, input_ids, attention_mask, prompt_length: int, share_prompt: bool = True) -> torch.Tensor:
@@ -72,13 +63,19 @@ def lean_response_logits(model, input_ids, attention_mask, prompt_length: int,
 
 
 def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temperature: float = 1.0,
-                      with_entropy: bool = False, entropy_grad: bool = False, share_prompt: bool = True):
+                      with_entropy: bool = False, entropy_grad: bool = False, share_prompt: bool = True,
+                      packing: bool = False):
     """Log-prob of each response token under ``model`` with logits divided by ``temperature``.
 
     Returns ``(logprobs [N, R], entropy [N, R] or None)``; position ``t`` scores token ``P + t`` from
     the logits at ``P + t - 1``. Entropy is of the full temperature-scaled distribution, detached
-    unless ``entropy_grad`` (an entropy bonus needs its gradient; logging does not).
+    unless ``entropy_grad`` (an entropy bonus needs its gradient; logging does not). With ``packing``,
+    padding-free where the model allows it (then zero on padded response slots; padded slots carry no
+    meaning on either path and every consumer masks them).
     """
+    if packing and packed.unsupported_reason(model) is None:
+        return packed.packed_logprobs(model, input_ids, attention_mask, prompt_length, temperature, with_entropy,
+                                      entropy_grad)
     logits = response_logits(model, input_ids, attention_mask, prompt_length, share_prompt).float()  # [N, R, V]
     return token_logprobs(logits, input_ids[:, prompt_length:], temperature, with_entropy, entropy_grad)
 
@@ -99,20 +96,28 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 @torch.no_grad()
 def chunked_logprobs(model, input_ids, attention_mask, prompt_length: int, temperature: float,
-                     micro_batch_size: int, share_prompt: bool = True, lean: bool = False) -> torch.Tensor:
+                     micro_batch_size: int, share_prompt: bool = True, lean: bool = False,
+                     packing: bool = False) -> torch.Tensor:
     """No-grad :func:`response_logprobs` in chunks of ``micro_batch_size`` rows (old / reference
-    policies: the sources' ``log_prob_micro_batch_size`` / ``forward micro batch`` knobs). With ``lean``
-    and a model it covers, through one :class:`core.lean_decoder.LeanDecoder` for all chunks."""
+    policies: the sources' ``log_prob_micro_batch_size`` / ``forward micro batch`` knobs). With
+    ``packing`` and a model it covers, padding-free (:mod:`core.packed`); else with ``lean`` and a model
+    it covers, through one :class:`core.lean_decoder.LeanDecoder` for all chunks."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    dec = lean_decoder.LeanDecoder(model) if lean and lean_decoder.unsupported_reason(model) is None else None
+    packing = packing and packed.unsupported_reason(model) is None
+    dec = (lean_decoder.LeanDecoder(model) if not packing and lean and lean_decoder.unsupported_reason(model) is None
+           else None)
     P, outs = prompt_length, []
     for i in range(0, input_ids.shape[0], micro_batch_size):
         ids, am = input_ids[i:i + micro_batch_size].to(device), attention_mask[i:i + micro_batch_size].to(device)
-        logits = (lean_response_logits(model, ids, am, P, dec) if dec is not None
-                  else response_logits(model, ids, am, P, share_prompt))  # [n, R, V]
-        lp, _ = token_logprobs(logits.float(), ids[:, P:], temperature)
+        if packing:
+            with torch.inference_mode():
+                lp, _ = packed.packed_logprobs(model, ids, am, P, temperature)  # [n, R]
+        else:
+            logits = (lean_response_logits(model, ids, am, P, dec) if dec is not None
+                      else response_logits(model, ids, am, P, share_prompt))  # [n, R, V]
+            lp, _ = token_logprobs(logits.float(), ids[:, P:], temperature)
         outs.append(lp.cpu())
     model.train(was_training)
     return torch.cat(outs)  # [N, R]

@@ -279,11 +279,9 @@ class TorchEngine(HFEngine):
     def _lean(self, model, ids, mask, rows, sp: Sampling, pad: int):
         """Prefill the ``u`` distinct prompts into a cache sized for the whole completion, repeat it for
         the ``N`` rows, then decode one token per step into it."""
-        from core.policy import position_ids
-
         dec, (u, P), new = lean_decoder.LeanDecoder(model), ids.shape, sp.max_new_tokens
         steps = torch.arange(new, device=ids.device)
-        pos = torch.cat([position_ids(mask), mask.sum(-1, keepdim=True) + steps], 1)  # [u, P + new]
+        pos = torch.cat([lean_decoder.position_ids(mask), mask.sum(-1, keepdim=True) + steps], 1)  # [u, P + new]
         cos, sin = dec.rope(pos)  # [u, P + new, 1, D]
         logits, cache = dec.prefill(ids, mask, cos[:, :P], sin[:, :P], rows, P + new)  # [N, V], [2, N, Hkv, P+new, D]
         cos, sin = cos[rows], sin[rows]
@@ -301,9 +299,7 @@ class TorchEngine(HFEngine):
     @torch.no_grad()
     def _hf(self, model, ids, mask, rows, sp: Sampling, pad: int):
         """The same loop on the HF module (its ``DynamicCache``), for models the lean forward does not cover."""
-        from core.policy import position_ids
-
-        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
+        out = model(input_ids=ids, attention_mask=mask, position_ids=lean_decoder.position_ids(mask), use_cache=True,
                     logits_to_keep=1)
         cache = out.past_key_values
         cache.reorder_cache(rows)  # [N, ...]

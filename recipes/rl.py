@@ -266,10 +266,10 @@ def rollout_forwards(run: Run, roll: Rollout) -> Forwards:
     is_mode = (cfg.loss.get("is_correction") or {}).get("mode", "none")
     need_old = (run.plan["optimizer_steps_per_rl_step"] > 1 or is_mode != "none"
                 or (run.ref is not None and cfg.kl.placement == "reward"))
-    lean = bool(cfg.rollout.lean_forward)
+    fast = {"lean": bool(cfg.rollout.lean_forward), "packing": bool(cfg.train.packing)}
     return Forwards(
-        old=chunked_logprobs(run.engine.module, *args, temp, mb, run.share_prompt, lean) if need_old else None,
-        ref=chunked_logprobs(run.ref, *args, temp, mb, run.share_prompt, lean) if run.ref is not None else None,
+        old=chunked_logprobs(run.engine.module, *args, temp, mb, run.share_prompt, **fast) if need_old else None,
+        ref=chunked_logprobs(run.ref, *args, temp, mb, run.share_prompt, **fast) if run.ref is not None else None,
         values=chunked_values(run.critic.module, *args, mb) if run.critic is not None else None,
         rollout=roll.logprobs,
     )
@@ -327,7 +327,8 @@ def micro_step(run: Run, roll: Rollout, sl: torch.Tensor, mask, adv, ret, fw: Fo
     temp = float(cfg.rollout.temperature) or 1.0
     ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
     lp, ent = engine.forward(response_logprobs, ids, am, P, temp, with_entropy=True,
-                             entropy_grad=bool(cfg.loss.get("entropy_coef")), share_prompt=run.share_prompt)
+                             entropy_grad=bool(cfg.loss.get("entropy_coef")), share_prompt=run.share_prompt,
+                             packing=bool(cfg.train.packing))
     inp = LossInput(lp, fw.old[sl] if fw.old is not None else lp.detach(), adv[sl], mask[sl],
                     fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
     loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)

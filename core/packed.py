@@ -1,0 +1,160 @@
+"""Padding-free response log-probs of a rollout for Llama-family models, with or without autograd.
+
+The padded forward (:func:`core.policy.response_logprobs`) runs every op over ``N x (P + R)`` slots, most
+of them padding once completions differ in length: after the first EOS a row is padding to the
+batch's longest completion, and left padding fills the shorter prompts. Here every position-wise op
+(norms, projections, RoPE, MLP, LM head, log-softmax) runs on real tokens only, and each distinct
+prompt of a GRPO group once: the tokens are packed into one ``[M, H]`` matrix, and only attention
+goes back to a padded ``[rows, slots]`` layout (a scatter before it, a gather after it), because on
+CPU there is no variable-length attention kernel. This is veRL's ``use_remove_padding`` and
+OpenRLHF's ``packing_samples`` for the models :func:`core.lean_decoder.unsupported_reason` covers;
+models it does not cover keep the padded HF forward.
+
+Which tokens run: the real prompt tokens of each distinct prompt, and response token ``P + t`` only
+if the token after it is real (its hidden state scores that token; the EOS, scoring nothing, does
+not run). Log-probs (and entropies) come back ``[N, R]``, zero where the response is padding.
+
+The arithmetic is HF's (RMSNorm in fp32 then the weight, ``x cos + rotate_half(x) sin``, fp32
+softmax, the attention module's scaling) in out-of-place ops, so the same function serves the policy
+update (gradients equal to the padded HF forward's to float rounding, tests/core/test_packed.py) and
+the no-grad reference / old-policy passes. Parameters are read per call (DeepSpeed ZeRO-1/2 and the
+torch engine see the ordinary autograd graph over them).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from core import lean_decoder
+from core.lean_decoder import (_SDPA_ABOVE, attend, continuation_bias, position_ids, prompt_bias, prompt_groups,
+                               rope_tables, sdpa_attend)
+
+
+def unsupported_reason(model) -> str | None:
+    """None if :func:`packed_logprobs` computes what ``model`` computes, else the reason not: what
+    :func:`core.lean_decoder.unsupported_reason` rules out, and attention dropout while training (the
+    packed forward applies none)."""
+    reason = lean_decoder.unsupported_reason(model)
+    if reason is None and model.training and float(getattr(model.config, "attention_dropout", 0.0) or 0.0) > 0:
+        return f"attention_dropout={model.config.attention_dropout} in training mode"
+    return reason
+
+
+def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+                    temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False):
+    """``(log-prob [N, R], entropy [N, R] or None)`` of response tokens ``P .. T-1`` under ``model`` with
+    logits divided by ``temperature``, zero on padded response slots; same contract as
+    :func:`core.policy.response_logprobs`."""
+    P, (N, T) = prompt_length, input_ids.shape
+    R = T - P
+    if R == 0:
+        empty = input_ids.new_zeros(N, 0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    first, group = prompt_groups(input_ids, attention_mask, P)  # [u], [N]
+    u = len(first)
+    pm = attention_mask[first, :P].bool()  # [u, P] real prompt tokens
+    rm = attention_mask[:, P + 1:].bool()  # [N, R-1] response token P+t runs iff token P+t+1 is real
+    sel = torch.cat([pm.reshape(-1), rm.reshape(-1)]).nonzero().squeeze(-1)  # [M] slots that run
+    Mp = int(pm.sum())  # packed rows [0, Mp) are prompt tokens, [Mp, M) response tokens
+    pos = position_ids(attention_mask)  # [N, T]
+    ids = torch.cat([input_ids[first, :P].reshape(-1), input_ids[:, P:T - 1].reshape(-1)])[sel]  # [M]
+    tok_pos = torch.cat([pos[first, :P].reshape(-1), pos[:, P:T - 1].reshape(-1)])[sel]  # [M]
+    cos, sin = rope_tables(model, tok_pos[None])  # [1, M, 1, D]
+    h = _decoder(model, ids, sel, u, P, N, R - 1, group, cos[0], sin[0], pm, rm)  # [M, H]
+
+    # scoring rows: each distinct prompt's last token (scores response token 0 of its rows), then every
+    # response row (each scores the next token)
+    last = pm.sum(1).cumsum(0) - 1  # [u] packed index of each prompt's last token (left padding)
+    rows = torch.cat([last, torch.arange(Mp, h.shape[0], device=h.device)])  # [u + Mr]
+    inner = model.model
+    logits = F.linear(_rms(h[rows], inner.norm.weight, inner.norm.variance_epsilon), model.lm_head.weight,
+                      model.lm_head.bias).float()  # [u + Mr, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, -1)  # [u + Mr, V]
+    Mr = logits.shape[0] - u
+    which = torch.cat([group, u + torch.arange(Mr, device=h.device)])  # [N + Mr] logits row per scored token
+    target = torch.cat([input_ids[:, P], input_ids[:, P + 1:][rm]])  # [N + Mr]
+    lp = _unpack(logp_all[which, target], rm, attention_mask[:, P:])  # [N, R]
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = -(logp_all.exp() * logp_all).sum(-1)  # [u + Mr]
+            entropy = _unpack(ent[which], rm, attention_mask[:, P:])  # [N, R]
+    return lp, entropy
+
+
+def _unpack(flat: torch.Tensor, rm: torch.Tensor, resp_mask: torch.Tensor) -> torch.Tensor:
+    """``flat [N + Mr]`` (response token 0 of every row, then the packed later tokens) -> ``[N, R]``,
+    zero on padded slots."""
+    N = rm.shape[0]
+    rest = flat.new_zeros(rm.numel()).index_put((rm.reshape(-1).nonzero().squeeze(-1),), flat[N:])  # [N (R-1)]
+    return torch.cat([flat[:N, None], rest.view(N, -1)], 1) * resp_mask  # [N, R]
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF ``LlamaRMSNorm`` / ``Qwen2RMSNorm``: normalise in fp32, cast back, then the weight."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _decoder(model, ids, sel, u, P, N, t, group, cos, sin, pm, rm) -> torch.Tensor:
+    """Hidden states ``[M, H]`` (before the final norm) of the packed tokens ``ids [M]`` at slots ``sel``
+    of the padded layout: ``u`` prompts of ``P`` slots, then ``N`` response rows of ``t`` slots that
+    attend to their group's prompt (``group [N]``). ``cos``/``sin`` ``[M, 1, D]`` per packed token."""
+    cfg, inner = model.config, model.model
+    Hq = cfg.num_attention_heads
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // Hq
+    blocks = (u * P, N * t)  # slots of the prompt block, then of the response block
+    p_bias = prompt_bias(pm)  # [u, 1, 1, P, P]
+    r_bias = continuation_bias(pm[group], rm)  # [N, 1, 1, t, P + t]
+    emb = inner.embed_tokens  # its padding_idx row gets no gradient from the inputs, as in the HF module
+    h = F.embedding(ids, emb.weight, emb.padding_idx)  # [M, H]
+    M = h.shape[0]
+
+    def padded(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed ``[M, heads, D]`` -> prompt block ``[u, P, heads, D]`` and response block ``[N, t, heads, D]``
+        (zeros on unused slots; the split, unlike slicing twice, back-propagates without zero-filling)."""
+        full = z.new_zeros(sum(blocks), *z.shape[1:]).index_copy(0, sel, z)  # [S, heads, D]
+        zp, zr = full.split(blocks)
+        return zp.view(u, P, *z.shape[1:]), zr.view(N, t, *z.shape[1:])
+
+    for layer in inner.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        x = _rms(h, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)  # [M, H]
+        q = _rotate(F.linear(x, a.q_proj.weight, a.q_proj.bias).view(M, -1, D), cos, sin)  # [M, Hq, D]
+        k = _rotate(F.linear(x, a.k_proj.weight, a.k_proj.bias).view(M, -1, D), cos, sin)  # [M, Hkv, D]
+        v = F.linear(x, a.v_proj.weight, a.v_proj.bias).view(M, -1, D)  # [M, Hkv, D]
+        (q_p, q_r), (k_p, k_r), (v_p, v_r) = padded(q), padded(k), padded(v)
+        o_p = _attention(q_p, k_p, v_p, p_bias, a.scaling)  # [u, P, Hq D]
+        o_r = (q.new_zeros(N, 0, Hq * D) if t == 0 else  # keys: the group's prompt, then the row's own
+               _attention(q_r, k_r, v_r, r_bias, a.scaling, k_p[group], v_p[group]))  # [N, t, Hq D]
+        o = torch.cat([o_p.reshape(blocks[0], Hq * D), o_r.reshape(blocks[1], Hq * D)]).index_select(0, sel)  # [M, Hq D]
+        h = h + F.linear(o, a.o_proj.weight, a.o_proj.bias)
+        x = _rms(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        gate, up = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+        h = h + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+    return h
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE ``x cos + rotate_half(x) sin`` of ``x [M, heads, D]``; ``sin`` carries rotate_half's sign."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), sin)
+
+
+def _attention(q, k, v, bias, scaling: float, pre_k=None, pre_v=None) -> torch.Tensor:
+    """Attention of queries ``q [n, t, Hq, D]`` over the prefix keys/values ``pre_k``/``pre_v`` ``[n, L0, Hkv,
+    D]`` (if any) then the rows' own ``k``/``v`` ``[n, t, Hkv, D]``, additive ``bias [n, 1, 1, t, L]`` ->
+    ``[n, t, Hq D]``."""
+    n, t, Hq, D = q.shape
+    Hkv = k.shape[2]
+    rep = Hq // Hkv
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [n, Hkv, t, D]
+    if pre_k is not None:
+        k, v = torch.cat([pre_k.transpose(1, 2), k], 2), torch.cat([pre_v.transpose(1, 2), v], 2)  # [n, Hkv, L, D]
+    q = q.reshape(n, t, Hkv, rep, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]: head j rep + r reads kv head j
+    L = k.shape[2]
+    if n * Hq * t * L > _SDPA_ABOVE:
+        return sdpa_attend(q, k, v, bias, scaling)
+    b = bias.to(q.dtype).expand(n, Hkv, rep, t, L).reshape(n * Hkv, rep * t, L)
+    return attend(q, k, v, b, scaling)

@@ -1,0 +1,124 @@
+"""``core.packed``: padding-free log-probs, entropies and gradients equal to the padded HF forward's
+(Qwen2 and Llama, GQA and MHA, biases, linear RoPE, left padding, shared and distinct prompts, early
+EOS), zeros on padded slots, the edge widths, the SDPA branch, and the fallback for what it does not
+cover."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core import lean_decoder, packed
+from core.policy import chunked_logprobs, response_logprobs
+from core.rollout import Sampling
+
+from tests.core.test_lean_decoder import MODELS, _engine, _load, _rollout
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model_tok(request):
+    return _load(*MODELS[request.param])
+
+
+def _both(model, roll, temperature=0.7, weights_seed=0):
+    """Log-probs, entropies and parameter gradients of a weighted sum over kept tokens, padded HF vs packed."""
+    keep = roll.response_mask.bool()
+    w = torch.randn(keep.shape, generator=torch.Generator().manual_seed(weights_seed))
+    out = {}
+    for name, pack in (("hf", False), ("packed", True)):
+        model.zero_grad(set_to_none=True)
+        lp, ent = response_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_length, temperature,
+                                    with_entropy=True, entropy_grad=True, packing=pack)
+        ((lp * w * keep).sum() + (ent * keep).sum()).backward()
+        out[name] = (lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    return out["hf"], out["packed"], keep
+
+
+def _assert_grads_close(a: dict, b: dict) -> int:
+    for n in a:
+        scale = a[n].abs().max().item()
+        torch.testing.assert_close(b[n], a[n], atol=1e-5 * scale + 1e-8, rtol=1e-4, msg=n)
+    return len(a)
+
+
+def test_logprobs_entropies_and_gradients_equal_the_padded_forward(model_tok):
+    model, tok = model_tok
+    roll = _rollout(model, tok)
+    assert (roll.response_mask == 0).any(), "some completion should stop early (padding after the EOS)"
+    hf, pk, keep = _both(model, roll)
+    assert keep.sum() > 20
+    torch.testing.assert_close(pk[0][keep], hf[0][keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pk[1][keep], hf[1][keep], atol=1e-5, rtol=1e-5)
+    assert (pk[0][~keep] == 0).all() and (pk[1][~keep] == 0).all()
+    assert _assert_grads_close(hf[2], pk[2]) == len(list(model.parameters()))
+
+
+def test_distinct_prompts_and_no_left_padding(model_tok):
+    model, tok = model_tok
+    torch.manual_seed(4)
+    prompts = [tok(s, add_special_tokens=False)["input_ids"] for s in ("12+3=", "45+6=", "99+1=")]  # equal lengths
+    roll = _engine("torch", model, tok).generate(prompts, Sampling(max_new_tokens=9, temperature=1.0))
+    assert bool(roll.attention_mask[:, :roll.prompt_length].all())
+    hf, pk, keep = _both(model, roll, temperature=1.0)
+    torch.testing.assert_close(pk[0][keep], hf[0][keep], atol=1e-5, rtol=1e-5)
+    _assert_grads_close(hf[2], pk[2])
+
+
+@pytest.mark.parametrize("max_new", [1, 2])
+def test_shortest_responses(max_new):
+    model, tok = _load(*MODELS["qwen2_gqa"])
+    roll = _rollout(model, tok, max_new=max_new, seed=5)
+    assert roll.response_mask.shape[1] == max_new
+    hf, pk, keep = _both(model, roll)
+    torch.testing.assert_close(pk[0][keep], hf[0][keep], atol=1e-5, rtol=1e-5)
+    _assert_grads_close(hf[2], pk[2])
+
+
+def test_an_empty_response_block():
+    model, tok = _load(*MODELS["qwen2_gqa"])
+    ids, am = torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.ones(2, 3, dtype=torch.long)
+    lp, ent = packed.packed_logprobs(model, ids, am, 3, with_entropy=True)
+    assert lp.shape == (2, 0) and ent.shape == (2, 0)
+
+
+def test_no_grad_passes_and_the_sdpa_branch(model_tok, monkeypatch):
+    model, tok = model_tok
+    roll = _rollout(model, tok, seed=6)
+    args = (model, roll.input_ids, roll.attention_mask, roll.prompt_length, 0.9, 5)
+    keep = roll.response_mask.bool()
+    padded = chunked_logprobs(*args, lean=False, packing=False)
+    pk = chunked_logprobs(*args, packing=True)
+    assert not pk.is_inference() and (pk[~keep] == 0).all()
+    torch.testing.assert_close(pk[keep], padded[keep], atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(packed, "_SDPA_ABOVE", 0)
+    torch.testing.assert_close(chunked_logprobs(*args, packing=True)[keep], padded[keep], atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_stays_within_bf16_rounding():
+    model, tok = _load("qwen2", {}, dtype="bfloat16")
+    roll = _rollout(model, tok, seed=3)
+    args = (model, roll.input_ids, roll.attention_mask, roll.prompt_length, 1.0, 64)
+    keep = roll.response_mask.bool()
+    diff = (chunked_logprobs(*args, packing=True) - chunked_logprobs(*args, packing=False))[keep]
+    assert diff.abs().max() < 0.1  # log-probs of bf16 logits (ulp 0.03 at |logit| ~ 4)
+
+
+def test_uncovered_models_fall_back_to_the_padded_forward(monkeypatch):
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = _load("qwen2", {"attention_dropout": 0.1})
+    roll = _rollout(model, tok, seed=7)
+    model.train()
+    assert "attention_dropout" in packed.unsupported_reason(model)
+    model.eval()
+    assert packed.unsupported_reason(model) is None  # eval mode applies no dropout
+    peft = get_peft_model(_load("qwen2", {})[0], LoraConfig(r=2, target_modules=["q_proj"]))
+    assert packed.unsupported_reason(peft) == lean_decoder.unsupported_reason(peft) is not None
+
+    def refuse(*a, **k):
+        raise AssertionError("packed forward used for an uncovered model")
+
+    monkeypatch.setattr(packed, "packed_logprobs", refuse)
+    model.train()  # dropout active: the padded HF forward must run
+    lp, _ = response_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_length, packing=True)
+    assert lp.shape == roll.response_mask.shape
+    chunked_logprobs(peft, roll.input_ids, roll.attention_mask, roll.prompt_length, 1.0, 4, packing=True)
