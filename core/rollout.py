@@ -258,6 +258,7 @@ class TorchEngine(HFEngine):
     def __init__(self, model, tokenizer, cfg):
         super().__init__(model, tokenizer, cfg)
         self.lean = bool(cfg.get("lean_forward", True))
+        self.drop_finished = bool(cfg.get("drop_finished", True))
 
     def _generate_chunk(self, prompts: list[list[int]], sp: Sampling) -> Rollout:
         pad, model = self.tokenizer.pad_token_id, self.model
@@ -292,9 +293,13 @@ class TorchEngine(HFEngine):
         def step(tok, t):
             s = P + t
             h = dec.forward(tok[:, None], s, cache, cos[:, s:s + 1], sin[:, s:s + 1], bias[..., :s + 1])
-            return dec.logits(h[:, -1])  # [N, V]
+            return dec.logits(h[:, -1])  # [n, V]
 
-        return self._decode(logits, step, sp, pad)
+        def keep(rows):  # the batch shrinks to these rows
+            nonlocal cache, cos, sin, bias
+            cache, cos, sin, bias = [kv[:, rows] for kv in cache], cos[rows], sin[rows], bias[rows]
+
+        return self._decode(logits, step, sp, pad, keep)
 
     @torch.no_grad()
     def _hf(self, model, ids, mask, rows, sp: Sampling, pad: int):
@@ -308,26 +313,45 @@ class TorchEngine(HFEngine):
 
         def step(tok, t):
             nonlocal am
-            am = torch.cat([am, torch.ones_like(am[:, :1])], 1)  # [N, P + t + 1]
+            am = torch.cat([am, torch.ones_like(am[:, :1])], 1)  # [n, P + t + 1]
             return model(input_ids=tok.unsqueeze(-1), attention_mask=am, position_ids=pos + t,
-                         past_key_values=cache, use_cache=True).logits[:, -1]  # [N, V]
+                         past_key_values=cache, use_cache=True).logits[:, -1]  # [n, V]
 
-        return self._decode(out.logits[:, -1][rows], step, sp, pad)
+        def keep(rows):
+            nonlocal am, pos
+            cache.reorder_cache(rows)
+            am, pos = am[rows], pos[rows]
 
-    def _decode(self, logits, step, sp: Sampling, pad: int):
+        return self._decode(out.logits[:, -1][rows], step, sp, pad, keep)
+
+    def _decode(self, logits, step, sp: Sampling, pad: int, keep):
         """Sample until every row emitted an EOS or ``max_new_tokens``; ``step(tok, t)`` feeds token ``t``
-        and returns the next logits."""
-        N, device = logits.shape[0], logits.device
+        of the rows still decoding and returns their next logits.
+
+        With ``rollout.drop_finished``, once a quarter of the rows still decoding have emitted their EOS,
+        ``keep(rows)`` shrinks the batch (caches, positions, masks) to the others, so finished rows stop
+        costing compute, as in vLLM's continuous batching (``generate`` keeps feeding them padding). Every
+        row's tokens come from the same distribution either way; the draws differ, since fewer rows
+        draw at each later step. Greedy decoding is identical.
+        """
+        N, R, device = logits.shape[0], sp.max_new_tokens, logits.device
         eos = torch.tensor(self.eos_ids, device=device)
-        done = torch.zeros(N, dtype=torch.bool, device=device)
-        toks, lps = [], []
-        for t in range(sp.max_new_tokens):
-            tok, lp = _sample(logits, sp)  # [N], [N]
+        toks = torch.full((N, R), pad, dtype=torch.long, device=device)  # [N, R]
+        lps = torch.zeros(N, R, device=device)  # [N, R] float32, as _sample returns them
+        live = torch.arange(N, device=device)  # [n] the original row of each row still in the batch
+        done = torch.zeros(N, dtype=torch.bool, device=device)  # [n]
+        last = 0
+        for t in range(R):
+            tok, lp = _sample(logits, sp)  # [n], [n]
             tok = tok.masked_fill(done, pad)
-            toks.append(tok)
-            lps.append(lp)
+            toks[live, t], lps[live, t], last = tok, lp, t
             done = done | torch.isin(tok, eos)
-            if bool(done.all()) or t == sp.max_new_tokens - 1:
+            finished = int(done.sum())
+            if finished == len(done) or t == R - 1:
                 break
+            if self.drop_finished and 4 * finished >= len(done):
+                rows = (~done).nonzero().squeeze(-1)  # [n'] rows still decoding
+                keep(rows)
+                live, done, tok = live[rows], done[rows], tok[rows]
             logits = step(tok, t)
-        return torch.stack(toks, 1), torch.stack(lps, 1)  # [N, R]
+        return toks[:, :last + 1], lps[:, :last + 1]  # [N, R']

@@ -149,3 +149,35 @@ def test_inverse_cdf_draws_the_distribution():
     assert ((freq - expected).abs() <= 5 * sigma + 1e-12).all(), (freq, expected)
     one = inverse_cdf(torch.tensor([[0.0, 0.0, 1.0]]).expand(100, -1))
     assert (one == 2).all()
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_dropping_finished_rows_keeps_every_row_aligned(model_tok, monkeypatch, lean):
+    """Greedy: the same rollout with and without dropping finished rows (after a drop happened).
+    Sampled: each row's recorded log-prob is its token's log-prob under a teacher-forced forward, so no
+    row's cache, position or mask was mixed up with another's when the batch shrank."""
+    model, tok = model_tok
+    widths = []
+    if lean:
+        fwd = lean_decoder.LeanDecoder.forward
+        monkeypatch.setattr(lean_decoder.LeanDecoder, "forward",
+                            lambda self, ids, *a: widths.append(ids.shape[0]) or fwd(self, ids, *a))
+    else:
+        call = type(model).forward
+        monkeypatch.setattr(type(model), "forward", lambda self, input_ids=None, **k: widths.append(
+            input_ids.shape[0]) or call(self, input_ids=input_ids, **k))
+    cfg = {"generation_batch_size": 0, "lean_forward": lean}
+    greedy = Sampling(max_new_tokens=16, temperature=0.0)
+    on = build_engine("torch", model, tok, OmegaConf.create({**cfg, "drop_finished": True})).generate(_prompts(tok), greedy)
+    n = len(_prompts(tok))
+    assert min(widths) < n, "no row finished early enough to be dropped: the test would prove nothing"
+    off = build_engine("torch", model, tok, OmegaConf.create({**cfg, "drop_finished": False})).generate(_prompts(tok), greedy)
+    assert torch.equal(on.input_ids, off.input_ids) and on.finish_reason == off.finish_reason
+    torch.testing.assert_close(on.logprobs, off.logprobs, atol=1e-5, rtol=1e-5)
+    widths.clear()
+    torch.manual_seed(8)
+    roll = build_engine("torch", model, tok, OmegaConf.create(cfg)).generate(_prompts(tok), Sampling(16, 1.0))
+    assert min(widths) < n
+    monkeypatch.undo()
+    lp = chunked_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_length, 1.0, 64, lean=False)
+    torch.testing.assert_close(lp * roll.response_mask, roll.logprobs, atol=1e-5, rtol=1e-5)
