@@ -57,33 +57,48 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
+_FUSE_MAX_BYTES = 256 << 20  # fused q/k/v and gate/up copies of all layers above this: separate GEMMs
+
+
 @dataclass
 class _Layer:
+    """One decoder layer's parameters; ``qkv`` and ``gu`` are ``(weight, bias)`` pairs, one fused pair
+    (``[(Hq + 2 Hkv) D, H]``, ``[2 I, H]``) or one pair per projection."""
+
     ln1: torch.Tensor  # [H]
-    wqkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
-    bqkv: torch.Tensor | None
+    qkv: list[tuple[torch.Tensor, torch.Tensor | None]]
     wo: torch.Tensor  # [H, Hq D]
     bo: torch.Tensor | None
     ln2: torch.Tensor  # [H]
-    wgu: torch.Tensor  # [2 I, H]
-    bgu: torch.Tensor | None
+    gu: list[tuple[torch.Tensor, torch.Tensor | None]]
     wd: torch.Tensor  # [H, I]
     bd: torch.Tensor | None
 
 
-def _cat_bias(*mods) -> torch.Tensor | None:
+def _projections(mods, fuse: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """``[(weight, bias)]`` of the linear modules ``mods``: one concatenated pair (a copy) or theirs."""
+    if not fuse:
+        return [(m.weight, m.bias) for m in mods]
     biases = [m.bias for m in mods]
-    if all(b is None for b in biases):
-        return None
-    return torch.cat([b if b is not None else torch.zeros(m.out_features, dtype=m.weight.dtype,
-                                                          device=m.weight.device) for b, m in zip(biases, mods)])
+    bias = None if all(b is None for b in biases) else torch.cat([
+        b if b is not None else torch.zeros(m.out_features, dtype=m.weight.dtype, device=m.weight.device)
+        for b, m in zip(biases, mods)])
+    return [(torch.cat([m.weight for m in mods]), bias)]
+
+
+def _project(x: torch.Tensor, pairs) -> torch.Tensor:
+    """The projections ``pairs`` of ``x`` side by side on the last dim (one GEMM when fused)."""
+    if len(pairs) == 1:
+        return F.linear(x, *pairs[0])
+    return torch.cat([F.linear(x, w, b) for w, b in pairs], -1)
 
 
 class LeanDecoder:
     """The decoder stack of ``model`` as plain tensor ops, in inference mode (no autograd, no version
     counters: ~10% less per-op overhead than ``no_grad`` here; what comes out is an inference tensor,
     and the first op outside inference mode gives an ordinary one). Build one per call: the fused
-    weights are copies, made when the parameters are current (after the last optimiser step)."""
+    weights are copies, made when the parameters are current (after the last optimiser step); layers
+    whose copies would exceed ``_FUSE_MAX_BYTES`` in all keep their separate projections."""
 
     @torch.inference_mode()
     def __init__(self, model):
@@ -93,14 +108,18 @@ class LeanDecoder:
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq
         self.rep, self.I, self.eps = self.Hq // self.Hkv, cfg.intermediate_size, cfg.rms_norm_eps
         self.scaling = inner.layers[0].self_attn.scaling
+        # fused q/k/v and gate/up GEMMs halve the per-token op count of a small model; on a large one the
+        # GEMMs dominate anyway and the fused copies would hold most of the model a second time
+        copied = [getattr(layer.self_attn, n) for layer in inner.layers for n in ("q_proj", "k_proj", "v_proj")] + \
+                 [getattr(layer.mlp, n) for layer in inner.layers for n in ("gate_proj", "up_proj")]
+        fuse = sum(p.numel() * p.element_size() for m in copied for p in m.parameters()) <= _FUSE_MAX_BYTES
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(_Layer(
-                layer.input_layernorm.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                _cat_bias(a.q_proj, a.k_proj, a.v_proj), a.o_proj.weight, a.o_proj.bias,
-                layer.post_attention_layernorm.weight, torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                _cat_bias(m.gate_proj, m.up_proj), m.down_proj.weight, m.down_proj.bias))
+                layer.input_layernorm.weight, _projections((a.q_proj, a.k_proj, a.v_proj), fuse),
+                a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
+                _projections((m.gate_proj, m.up_proj), fuse), m.down_proj.weight, m.down_proj.bias))
         p = inner.embed_tokens.weight
         self.dtype, self.device = p.dtype, p.device
 
@@ -148,7 +167,7 @@ class LeanDecoder:
             bias = bias.to(self.dtype).expand(n, Hkv, rep, t, T).reshape(n * Hkv, rep * t, T)
         h = F.embedding(ids, self.inner.embed_tokens.weight)  # [n, t, H]
         for L, kv in zip(self.layers, cache):
-            qkv = F.linear(self._rms(h, L.ln1), L.wqkv, L.bqkv).view(n, t, Hq + 2 * Hkv, D)
+            qkv = _project(self._rms(h, L.ln1), L.qkv).view(n, t, Hq + 2 * Hkv, D)
             qk = qkv[:, :, :Hq + Hkv]  # [n, t, Hq + Hkv, D]: q and k rotate alike, in place
             turned = torch.roll(qk, D // 2, -1)  # [x2, x1]; sin carries rotate_half's sign
             qk.mul_(cos).addcmul_(turned, sin)
@@ -159,7 +178,7 @@ class LeanDecoder:
             o = attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias, self.scaling) if small else \
                 sdpa_attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias, self.scaling)  # [n, t, Hq D]
             h = _residual(h, o, L.wo, L.bo)
-            gu = F.linear(self._rms(h, L.ln2), L.wgu, L.bgu)  # [n, t, 2 I]
+            gu = _project(self._rms(h, L.ln2), L.gu)  # [n, t, 2 I]
             h = _residual(h, F.silu(gu[..., :self.I]).mul_(gu[..., self.I:]), L.wd, L.bd)
         return h
 

@@ -53,6 +53,9 @@ def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     first, group = prompt_groups(input_ids, attention_mask, P)  # [u], [N]
     u = len(first)
     pm = attention_mask[first, :P].bool()  # [u, P] real prompt tokens
+    if P == 0 or not bool(pm[:, -1].all()):
+        raise ValueError("packed_logprobs expects the rollout layout: non-empty prompts, left-padded to the "
+                         "prompt length (the last prompt slot of every row a real token)")
     rm = attention_mask[:, P + 1:].bool()  # [N, R-1] response token P+t runs iff token P+t+1 is real
     sel = torch.cat([pm.reshape(-1), rm.reshape(-1)]).nonzero().squeeze(-1)  # [M] slots that run
     Mp = int(pm.sum())  # packed rows [0, Mp) are prompt tokens, [Mp, M) response tokens

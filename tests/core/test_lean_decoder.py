@@ -181,3 +181,20 @@ def test_dropping_finished_rows_keeps_every_row_aligned(model_tok, monkeypatch, 
     monkeypatch.undo()
     lp = chunked_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_length, 1.0, 64, lean=False)
     torch.testing.assert_close(lp * roll.response_mask, roll.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_separate_projections_above_the_fusion_limit(model_tok, monkeypatch):
+    """A model whose fused q/k/v and gate/up copies would exceed the limit keeps separate GEMMs: the same
+    logits and the same greedy decoding."""
+    model, tok = model_tok
+    roll = _rollout(model, tok, seed=9)
+    args = (model, roll.input_ids, roll.attention_mask, roll.prompt_length)
+    fused = lean_response_logits(*args)
+    monkeypatch.setattr(lean_decoder, "_FUSE_MAX_BYTES", 0)
+    assert all(len(L.qkv) == 3 and len(L.gu) == 2 for L in lean_decoder.LeanDecoder(model).layers)
+    keep = roll.response_mask.bool()
+    torch.testing.assert_close(lean_response_logits(*args)[keep], fused[keep], atol=1e-5, rtol=1e-5)
+    sp = Sampling(max_new_tokens=12, temperature=0.0)
+    ref = _engine("hf", model, tok).generate(_prompts(tok), sp)
+    out = _engine("torch", model, tok).generate(_prompts(tok), sp)
+    assert torch.equal(out.input_ids, ref.input_ids) and torch.equal(out.response_mask, ref.response_mask)

@@ -122,3 +122,10 @@ def test_uncovered_models_fall_back_to_the_padded_forward(monkeypatch):
     lp, _ = response_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_length, packing=True)
     assert lp.shape == roll.response_mask.shape
     chunked_logprobs(peft, roll.input_ids, roll.attention_mask, roll.prompt_length, 1.0, 4, packing=True)
+
+
+def test_a_prompt_not_left_padded_is_refused():
+    model, _ = _load(*MODELS["qwen2_gqa"])
+    ids, am = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]]), torch.tensor([[1, 1, 1, 1], [1, 1, 0, 1]])
+    with pytest.raises(ValueError, match="left-padded"):
+        packed.packed_logprobs(model, ids, am, 3)
