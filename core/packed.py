@@ -7,8 +7,10 @@ batch's longest completion, and left padding fills the shorter prompts. Here eve
 prompt of a GRPO group once: the tokens are packed into one ``[M, H]`` matrix, and only attention
 goes back to a padded ``[rows, slots]`` layout (a scatter before it, a gather after it), because on
 CPU there is no variable-length attention kernel. This is veRL's ``use_remove_padding`` and
-OpenRLHF's ``packing_samples`` for the models :func:`core.lean_decoder.unsupported_reason` covers;
-models it does not cover keep the padded HF forward.
+OpenRLHF's ``packing_samples`` for the models :func:`core.lean_decoder.unsupported_reason` covers. A
+flash-attn model it does not cover (a PEFT wrapper, ZeRO-3 partitions, sliding windows) runs the HF
+module on one packed row instead (:func:`hf_packed_logprobs`: variable-length flash attention); any
+other model keeps the padded HF forward (:func:`forward_for` decides).
 
 Which tokens run: the real prompt tokens of each distinct prompt, and response token ``P + t`` only
 if the token after it is real (its hidden state scores that token; the EOS, scoring nothing, does
@@ -38,6 +40,17 @@ def unsupported_reason(model) -> str | None:
     if reason is None and model.training and float(getattr(model.config, "attention_dropout", 0.0) or 0.0) > 0:
         return f"attention_dropout={model.config.attention_dropout} in training mode"
     return reason
+
+
+def forward_for(model):
+    """The padding-free log-prob function for ``model``: :func:`packed_logprobs` where the functional
+    forward covers it, :func:`hf_packed_logprobs` for a flash-attn model it does not (PEFT wrappers,
+    ZeRO-3 partitions, sliding windows included), else None (run padded)."""
+    if unsupported_reason(model) is None:
+        return packed_logprobs
+    if "flash_attention" in str(getattr(model.config, "_attn_implementation", None) or ""):
+        return hf_packed_logprobs
+    return None
 
 
 def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
@@ -71,18 +84,56 @@ def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     rows = torch.cat([last, torch.arange(Mp, h.shape[0], device=h.device)])  # [u + Mr]
     inner = model.model
     logits = F.linear(_rms(h[rows], inner.norm.weight, inner.norm.variance_epsilon), model.lm_head.weight,
-                      model.lm_head.bias).float()  # [u + Mr, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, -1)  # [u + Mr, V]
+                      model.lm_head.bias)  # [u + Mr, V]
     Mr = logits.shape[0] - u
     which = torch.cat([group, u + torch.arange(Mr, device=h.device)])  # [N + Mr] logits row per scored token
+    return _score(logits, which, input_ids, attention_mask, P, rm, temperature, with_entropy, entropy_grad)
+
+
+def hf_packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+                       temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False):
+    """:func:`packed_logprobs` through the HF module itself, for models the functional forward does not
+    cover that attend with flash-attn: every row's real tokens (its prompt, then the response tokens that
+    score a next one) go in one ``[1, M]`` row with position ids restarting at 0 per row, which
+    transformers turns into variable-length flash-attn calls (``prepare_fa_kwargs_from_position_ids``;
+    with sdpa/eager it would build an ``[M, M]`` block-diagonal mask instead, so those stay padded). No
+    prompt sharing: each row carries its own prompt, as in veRL and OpenRLHF."""
+    P, (N, T) = prompt_length, input_ids.shape
+    if T == P:
+        empty = input_ids.new_zeros(N, 0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    pm = attention_mask[:, :P].bool()  # [N, P]
+    if P == 0 or not bool(pm[:, -1].all()):
+        raise ValueError("hf_packed_logprobs expects the rollout layout: non-empty prompts, left-padded")
+    rm = attention_mask[:, P + 1:].bool()  # [N, R-1] response token P+t runs iff token P+t+1 is real
+    run = torch.cat([pm, rm], 1)  # [N, T-1] tokens that run, packed row-major
+    lens = run.sum(1)  # [N]
+    starts = lens.cumsum(0) - lens  # [N] packed index of each row's first token
+    M = int(lens.sum())
+    row = torch.repeat_interleave(torch.arange(N, device=input_ids.device), lens)  # [M]
+    pos = torch.arange(M, device=input_ids.device) - starts[row]  # [M] 0 .. len-1 per row
+    is_resp = torch.cat([torch.zeros_like(pm), rm], 1)[run]  # [M]
+    keep = torch.cat([starts + pm.sum(1) - 1, is_resp.nonzero().squeeze(-1)])  # [N + Mr] each row's last prompt token, then responses
+    logits = model(input_ids=input_ids[:, :T - 1][run][None], position_ids=pos[None], attention_mask=None,
+                   use_cache=False, logits_to_keep=keep).logits[0]  # [N + Mr, V]
+    which = torch.arange(logits.shape[0], device=logits.device)  # one logits row per scored token
+    return _score(logits, which, input_ids, attention_mask, P, rm, temperature, with_entropy, entropy_grad)
+
+
+def _score(logits, which, input_ids, attention_mask, P: int, rm, temperature: float, with_entropy: bool,
+           entropy_grad: bool):
+    """Log-probs (and entropies) ``[N, R]`` of the targets from ``logits [K, V]``: scored token ``j`` (response
+    token 0 of every row, then the later response tokens in ``rm`` order) reads logits row ``which[j]``."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, -1)  # [K, V]
     target = torch.cat([input_ids[:, P], input_ids[:, P + 1:][rm]])  # [N + Mr]
     lp = _unpack(logp_all[which, target], rm, attention_mask[:, P:])  # [N, R]
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = -(logp_all.exp() * logp_all).sum(-1)  # [u + Mr]
+            ent = -(logp_all.exp() * logp_all).sum(-1)  # [K]
             entropy = _unpack(ent[which], rm, attention_mask[:, P:])  # [N, R]
     return lp, entropy
 

@@ -10,10 +10,11 @@ the shared prompt cache, so the policy update uses the same path.
 to call the model the same number of times (its per-module parameter gathers are collective), and
 whether a batch has shared prompts is data.
 
-With ``packing`` (config ``train.packing``) and a model :func:`core.packed.unsupported_reason` accepts,
-both the training forward (:func:`response_logprobs`, with grad, inside the optimiser engine) and
-the no-grad ones (:func:`chunked_logprobs`: reference and old policy) run padding-free through
-:func:`core.packed.packed_logprobs`. Otherwise the no-grad forwards run through
+With ``packing`` (config ``train.packing``) both the training forward (:func:`response_logprobs`,
+with grad, inside the optimiser engine) and the no-grad ones (:func:`chunked_logprobs`: reference and
+old policy) run padding-free where :func:`core.packed.forward_for` has a way: the functional packed
+forward for the Llama-family models it covers, the HF module on one packed row for flash-attn models.
+Otherwise the no-grad forwards run through
 :class:`core.lean_decoder.LeanDecoder` when ``lean`` and the model is one it covers, and the training
 forward runs the HF module.
 """
@@ -73,9 +74,9 @@ def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temp
     padding-free where the model allows it (then zero on padded response slots; padded slots carry no
     meaning on either path and every consumer masks them).
     """
-    if packing and packed.unsupported_reason(model) is None:
-        return packed.packed_logprobs(model, input_ids, attention_mask, prompt_length, temperature, with_entropy,
-                                      entropy_grad)
+    fn = packed.forward_for(model) if packing else None
+    if fn is not None:
+        return fn(model, input_ids, attention_mask, prompt_length, temperature, with_entropy, entropy_grad)
     logits = response_logits(model, input_ids, attention_mask, prompt_length, share_prompt).float()  # [N, R, V]
     return token_logprobs(logits, input_ids[:, prompt_length:], temperature, with_entropy, entropy_grad)
 
@@ -105,15 +106,17 @@ def chunked_logprobs(model, input_ids, attention_mask, prompt_length: int, tempe
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    packing = packing and packed.unsupported_reason(model) is None
-    dec = (lean_decoder.LeanDecoder(model) if not packing and lean and lean_decoder.unsupported_reason(model) is None
+    fn = packed.forward_for(model) if packing else None
+    dec = (lean_decoder.LeanDecoder(model) if fn is None and lean and lean_decoder.unsupported_reason(model) is None
            else None)
     P, outs = prompt_length, []
     for i in range(0, input_ids.shape[0], micro_batch_size):
         ids, am = input_ids[i:i + micro_batch_size].to(device), attention_mask[i:i + micro_batch_size].to(device)
-        if packing:
+        if fn is packed.packed_logprobs:  # functional: inference mode is safe and ~10% cheaper per op
             with torch.inference_mode():
-                lp, _ = packed.packed_logprobs(model, ids, am, P, temperature)  # [n, R]
+                lp, _ = fn(model, ids, am, P, temperature)  # [n, R]
+        elif fn is not None:  # the HF module (hooks of PEFT or ZeRO-3 may touch parameters): no_grad only
+            lp, _ = fn(model, ids, am, P, temperature)
         else:
             logits = (lean_response_logits(model, ids, am, P, dec) if dec is not None
                       else response_logits(model, ids, am, P, share_prompt))  # [n, R, V]
