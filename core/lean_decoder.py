@@ -36,11 +36,12 @@ _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables depend on the p
 _SDPA_ABOVE = 1 << 24  # score elements (n * heads * t * T) above which attention runs through SDPA
 
 
-def unsupported_reason(model) -> str | None:
-    """None if :class:`LeanDecoder` computes exactly what ``model`` computes, else the reason not."""
+def unsupported_reason(model, archs: frozenset[str] | set[str] = _ARCHS) -> str | None:
+    """None if :class:`LeanDecoder` computes exactly what ``model`` computes, else the reason not. ``archs``:
+    the model classes the caller's head handles (the causal-LM ones by default)."""
     name = type(model).__name__
-    if name not in _ARCHS:
-        return f"model class {name} (lean forward covers {', '.join(sorted(_ARCHS))})"
+    if name not in archs:
+        return f"model class {name} (lean forward covers {', '.join(sorted(archs))})"
     cfg = model.config
     attn = getattr(cfg, "_attn_implementation", None) or "eager"
     if attn not in ("sdpa", "eager"):

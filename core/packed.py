@@ -16,6 +16,9 @@ Which tokens run: the real prompt tokens of each distinct prompt, and response t
 if the token after it is real (its hidden state scores that token; the EOS, scoring nothing, does
 not run). Log-probs (and entropies) come back ``[N, R]``, zero where the response is padding.
 
+:func:`packed_values` does the same for the PPO critic (a ``*ForSequenceClassification`` score head on
+the same packed states).
+
 The arithmetic is HF's (RMSNorm in fp32 then the weight, ``x cos + rotate_half(x) sin``, fp32
 softmax, the attention module's scaling) in out-of-place ops, so the same function serves the policy
 update (gradients equal to the padded HF forward's to float rounding, tests/core/test_packed.py) and
@@ -32,11 +35,14 @@ from core.lean_decoder import (_SDPA_ABOVE, attend, continuation_bias, position_
                                rope_tables, sdpa_attend)
 
 
-def unsupported_reason(model) -> str | None:
-    """None if :func:`packed_logprobs` computes what ``model`` computes, else the reason not: what
-    :func:`core.lean_decoder.unsupported_reason` rules out, and attention dropout while training (the
-    packed forward applies none)."""
-    reason = lean_decoder.unsupported_reason(model)
+CRITIC_ARCHS = frozenset({"LlamaForSequenceClassification", "Qwen2ForSequenceClassification"})
+
+
+def unsupported_reason(model, archs=lean_decoder._ARCHS) -> str | None:
+    """None if :func:`packed_logprobs` (or, with ``archs=CRITIC_ARCHS``, :func:`packed_values`) computes
+    what ``model`` computes, else the reason not: what :func:`core.lean_decoder.unsupported_reason` rules
+    out, and attention dropout while training (the packed forward applies none)."""
+    reason = lean_decoder.unsupported_reason(model, archs)
     if reason is None and model.training and float(getattr(model.config, "attention_dropout", 0.0) or 0.0) > 0:
         return f"attention_dropout={model.config.attention_dropout} in training mode"
     return reason
@@ -59,35 +65,53 @@ def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     logits divided by ``temperature``, zero on padded response slots; same contract as
     :func:`core.policy.response_logprobs`."""
     P, (N, T) = prompt_length, input_ids.shape
-    R = T - P
-    if R == 0:
+    if T == P:
         empty = input_ids.new_zeros(N, 0, dtype=torch.float32)
         return empty, (empty if with_entropy else None)
+    rm = attention_mask[:, P + 1:].bool()  # [N, R-1] response token P+t runs iff token P+t+1 is real
+    h, which = _scoring_states(model, input_ids, attention_mask, P, rm)  # [K, H], [N + Mr]
+    logits = F.linear(h, model.lm_head.weight, model.lm_head.bias)  # [K, V]
+    return _score(logits, which, input_ids, attention_mask, P, rm, temperature, with_entropy, entropy_grad)
+
+
+def packed_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    """:func:`core.value.token_values` padding-free: ``V(s_t)`` ``[N, R]`` from the score head on the final
+    hidden state that predicts response token ``t``, for every ``t`` whose input token is real, the EOS
+    included (Open-Instruct's ``score_position: after_last`` trains the critic one step after the EOS);
+    zero elsewhere. ``critic`` is a ``LlamaForSequenceClassification`` / ``Qwen2ForSequenceClassification``."""
+    P, (N, T) = prompt_length, input_ids.shape
+    if T == P:
+        return input_ids.new_zeros(N, 0, dtype=torch.float32)
+    rm = attention_mask[:, P:T - 1].bool()  # [N, R-1] response token P+t runs iff it is real
+    h, which = _scoring_states(critic, input_ids, attention_mask, P, rm)  # [K, H], [N + Mr]
+    v = critic.score(h).squeeze(-1).float()  # [K]
+    return _unpack(v[which], rm, torch.cat([torch.ones_like(rm[:, :1]), rm], 1))  # [N, R]
+
+
+def _scoring_states(model, input_ids, attention_mask, P: int, rm: torch.Tensor):
+    """Final-norm hidden states ``[K, H]`` of the tokens that predict a response token, and which of them
+    predicts each: ``which [N + Mr]`` for response token 0 of every row (its group's last prompt token;
+    ``K`` counts each distinct prompt once), then for the response tokens ``rm [N, R-1]`` selects, in
+    row-major order (each predicts the next one). Only the real prompt tokens and ``rm`` run."""
+    N, T = input_ids.shape
     first, group = prompt_groups(input_ids, attention_mask, P)  # [u], [N]
     u = len(first)
     pm = attention_mask[first, :P].bool()  # [u, P] real prompt tokens
     if P == 0 or not bool(pm[:, -1].all()):
-        raise ValueError("packed_logprobs expects the rollout layout: non-empty prompts, left-padded to the "
+        raise ValueError("packed forwards expect the rollout layout: non-empty prompts, left-padded to the "
                          "prompt length (the last prompt slot of every row a real token)")
-    rm = attention_mask[:, P + 1:].bool()  # [N, R-1] response token P+t runs iff token P+t+1 is real
     sel = torch.cat([pm.reshape(-1), rm.reshape(-1)]).nonzero().squeeze(-1)  # [M] slots that run
     Mp = int(pm.sum())  # packed rows [0, Mp) are prompt tokens, [Mp, M) response tokens
     pos = position_ids(attention_mask)  # [N, T]
     ids = torch.cat([input_ids[first, :P].reshape(-1), input_ids[:, P:T - 1].reshape(-1)])[sel]  # [M]
     tok_pos = torch.cat([pos[first, :P].reshape(-1), pos[:, P:T - 1].reshape(-1)])[sel]  # [M]
     cos, sin = rope_tables(model, tok_pos[None])  # [1, M, 1, D]
-    h = _decoder(model, ids, sel, u, P, N, R - 1, group, cos[0], sin[0], pm, rm)  # [M, H]
-
-    # scoring rows: each distinct prompt's last token (scores response token 0 of its rows), then every
-    # response row (each scores the next token)
+    h = _decoder(model, ids, sel, u, P, N, T - P - 1, group, cos[0], sin[0], pm, rm)  # [M, H]
     last = pm.sum(1).cumsum(0) - 1  # [u] packed index of each prompt's last token (left padding)
     rows = torch.cat([last, torch.arange(Mp, h.shape[0], device=h.device)])  # [u + Mr]
-    inner = model.model
-    logits = F.linear(_rms(h[rows], inner.norm.weight, inner.norm.variance_epsilon), model.lm_head.weight,
-                      model.lm_head.bias)  # [u + Mr, V]
-    Mr = logits.shape[0] - u
-    which = torch.cat([group, u + torch.arange(Mr, device=h.device)])  # [N + Mr] logits row per scored token
-    return _score(logits, which, input_ids, attention_mask, P, rm, temperature, with_entropy, entropy_grad)
+    norm = model.model.norm
+    which = torch.cat([group, u + torch.arange(h.shape[0] - Mp, device=h.device)])  # [N + Mr]
+    return _rms(h[rows], norm.weight, norm.variance_epsilon), which
 
 
 def hf_packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from core import packed
 from core.policy import position_ids
 
 
@@ -30,9 +31,13 @@ def load_critic(policy_path: str, critic_cfg, model_cfg):
     return model
 
 
-def token_values(critic, input_ids, attention_mask, prompt_length: int) -> torch.Tensor:
+def token_values(critic, input_ids, attention_mask, prompt_length: int, packing: bool = False) -> torch.Tensor:
     """``V(s_t)`` for each response position ``t``: the head on the hidden state that predicts token
-    ``P + t`` (positions ``P - 1 .. T - 2``, aligned with the log-probs). Returns ``[N, R]``."""
+    ``P + t`` (positions ``P - 1 .. T - 2``, aligned with the log-probs). Returns ``[N, R]``. With
+    ``packing`` and a critic :mod:`core.packed` covers, padding-free (zero where the input token is
+    padding; every value mask lies inside the real inputs)."""
+    if packing and packed.unsupported_reason(critic, packed.CRITIC_ARCHS) is None:
+        return packed.packed_values(critic, input_ids, attention_mask, prompt_length)
     backbone = getattr(critic, critic.base_model_prefix)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # [N, T, H]
@@ -40,12 +45,13 @@ def token_values(critic, input_ids, attention_mask, prompt_length: int) -> torch
 
 
 @torch.no_grad()
-def chunked_values(critic, input_ids, attention_mask, prompt_length: int, micro_batch_size: int):
+def chunked_values(critic, input_ids, attention_mask, prompt_length: int, micro_batch_size: int,
+                   packing: bool = False):
     """No-grad :func:`token_values` in chunks (the rollout-phase critic forward). ``[N, R]``."""
     was_training = critic.training
     critic.eval()
     outs = [token_values(critic, input_ids[i:i + micro_batch_size], attention_mask[i:i + micro_batch_size],
-                         prompt_length) for i in range(0, input_ids.shape[0], micro_batch_size)]
+                         prompt_length, packing) for i in range(0, input_ids.shape[0], micro_batch_size)]
     critic.train(was_training)
     return torch.cat(outs)  # [N, R]
 

@@ -270,7 +270,7 @@ def rollout_forwards(run: Run, roll: Rollout) -> Forwards:
     return Forwards(
         old=chunked_logprobs(run.engine.module, *args, temp, mb, run.share_prompt, **fast) if need_old else None,
         ref=chunked_logprobs(run.ref, *args, temp, mb, run.share_prompt, **fast) if run.ref is not None else None,
-        values=chunked_values(run.critic.module, *args, mb) if run.critic is not None else None,
+        values=chunked_values(run.critic.module, *args, mb, fast["packing"]) if run.critic is not None else None,
         rollout=roll.logprobs,
     )
 
@@ -336,7 +336,7 @@ def micro_step(run: Run, roll: Rollout, sl: torch.Tensor, mask, adv, ret, fw: Fo
     metrics["loss"] = loss.item() * agg.num_micro_batches
     if run.critic is not None:
         c = cfg.advantage.critic
-        v = run.critic.forward(token_values, ids, am, P)  # [n, R]
+        v = run.critic.forward(token_values, ids, am, P, bool(cfg.train.packing))  # [n, R]
         vmask = value_mask(mask[sl], cfg.advantage)  # [n, R] where the returns live
         per_token = value_loss(v, fw.values[sl], ret[sl], c.get("clip"))  # [n, R]
         vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, vmask, agg)

@@ -198,3 +198,36 @@ def test_flash_attn_varlen_route_on_gpu():
     assert (lp - padded)[keep].abs().max() < 0.1
     (lp * keep).sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_gqa", "llama_gqa_bias"])
+def test_packed_critic_values_and_gradients_equal_the_padded_critic(arch, tmp_path):
+    """Values at every slot whose input token is real (the one after the EOS included: Open-Instruct's
+    ``after_last`` score position trains the critic there) and the critic's gradients."""
+    from omegaconf import OmegaConf
+
+    from core.models import build_tiny_model_dir
+    from core.value import chunked_values, load_critic, token_values
+    from tests.core.test_lean_decoder import BASE
+
+    name, extra = MODELS[arch]
+    policy, tok = _load(name, extra)
+    critic = load_critic(str(build_tiny_model_dir(name, {**BASE, **extra}, 0)),
+                         OmegaConf.create({"init_from": None, "head_seed": 0}), OmegaConf.create({}))
+    assert packed.unsupported_reason(critic, packed.CRITIC_ARCHS) is None
+    roll = _rollout(policy, tok, seed=12)
+    P = roll.prompt_length
+    real_in = torch.cat([torch.ones_like(roll.response_mask[:, :1]), roll.attention_mask[:, P:-1]], 1).bool()  # [N, R]
+    assert (real_in & ~roll.response_mask.bool()).any(), "no slot after an EOS: the after_last case is untested"
+    w = torch.randn(real_in.shape, generator=torch.Generator().manual_seed(2))
+    out = []
+    for pack in (False, True):
+        critic.zero_grad(set_to_none=True)
+        v = token_values(critic, roll.input_ids, roll.attention_mask, P, packing=pack)
+        (v * w * real_in).sum().backward()
+        out.append((v.detach(), {n: p.grad.clone() for n, p in critic.named_parameters()}))
+    torch.testing.assert_close(out[1][0][real_in], out[0][0][real_in], atol=1e-5, rtol=1e-5)
+    assert (out[1][0][~real_in] == 0).all()
+    assert _assert_grads_close(out[0][1], out[1][1]) == len(list(critic.parameters()))
+    nograd = chunked_values(critic, roll.input_ids, roll.attention_mask, P, 5, packing=True)
+    torch.testing.assert_close(nograd, out[1][0], atol=1e-5, rtol=1e-5)
