@@ -129,8 +129,7 @@ class LeanDecoder:
         same two products, with the casts and temporaries left out)."""
         if x.dtype == torch.float32:
             return (x * x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()).mul_(w)
-        xf = x.float()
-        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return rms_norm(x, w, self.eps)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`rope_tables` of this model."""
@@ -163,9 +162,7 @@ class LeanDecoder:
         """
         n, t = ids.shape
         T, Hq, Hkv, D, rep = start + t, self.Hq, self.Hkv, self.D, self.rep
-        small = n * Hq * t * T <= _SDPA_ABOVE
-        if small:  # the mask per (row, kv head) batch of the score matmul: [n Hkv, rep t, T]
-            bias = bias.to(self.dtype).expand(n, Hkv, rep, t, T).reshape(n * Hkv, rep * t, T)
+        bias = attention_bias(bias, Hq, Hkv, self.dtype)  # once for all layers
         h = F.embedding(ids, self.inner.embed_tokens.weight)  # [n, t, H]
         for L, kv in zip(self.layers, cache):
             qkv = _project(self._rms(h, L.ln1), L.qkv).view(n, t, Hq + 2 * Hkv, D)
@@ -176,8 +173,7 @@ class LeanDecoder:
             kv[:, :, :, start:T].copy_(qkv[:, :, Hq:].view(n, t, 2, Hkv, D).permute(2, 0, 3, 1, 4))
             # query head j * rep + r reads kv head j (HF repeat_kv order)
             q = qkv[:, :, :Hq].reshape(n, t, Hkv, rep, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]
-            o = attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias, self.scaling) if small else \
-                sdpa_attend(q, kv[0, :, :, :T], kv[1, :, :, :T], bias, self.scaling)  # [n, t, Hq D]
+            o = attend_with(q, kv[0, :, :, :T], kv[1, :, :, :T], bias, self.scaling)  # [n, t, Hq D]
             h = _residual(h, o, L.wo, L.bo)
             gu = _project(self._rms(h, L.ln2), L.gu)  # [n, t, 2 I]
             h = _residual(h, F.silu(gu[..., :self.I]).mul_(gu[..., self.I:]), L.wd, L.bd)
@@ -213,6 +209,27 @@ def rope_tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     half = cos.shape[-1] // 2
     sin = torch.cat([-sin[..., :half], sin[..., half:]], -1)
     return cos.unsqueeze(2), sin.unsqueeze(2)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF ``LlamaRMSNorm`` / ``Qwen2RMSNorm``: normalise in fp32, cast back, then the weight."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def attention_bias(bias: torch.Tensor, Hq: int, Hkv: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask ``bias [n, 1, 1, t, L]`` in the form :func:`attend_with` takes, built once per
+    forward: for the batched-matmul path (score tensor of at most ``_SDPA_ABOVE`` elements) the mask per
+    (row, kv head) batch ``[n Hkv, rep t, L]``; for SDPA the mask itself."""
+    n, _, _, t, L = bias.shape
+    if n * Hq * t * L > _SDPA_ABOVE:
+        return bias
+    return bias.to(dtype).expand(n, Hkv, Hq // Hkv, t, L).reshape(n * Hkv, Hq // Hkv * t, L)
+
+
+def attend_with(q, k, v, bias, scaling: float) -> torch.Tensor:
+    """:func:`attend` or :func:`sdpa_attend`, whichever form :func:`attention_bias` gave ``bias``."""
+    return attend(q, k, v, bias, scaling) if bias.dim() == 3 else sdpa_attend(q, k, v, bias, scaling)
 
 
 def attend(q, k, v, bias, scaling: float) -> torch.Tensor:

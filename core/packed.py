@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from core import lean_decoder
-from core.lean_decoder import (_SDPA_ABOVE, attend, continuation_bias, position_ids, prompt_bias, prompt_groups,
-                               rope_tables, sdpa_attend)
+from core.lean_decoder import (attend_with, attention_bias, continuation_bias, position_ids, prompt_bias,
+                               prompt_groups, rms_norm, rope_tables)
 
 
 CRITIC_ARCHS = frozenset({"LlamaForSequenceClassification", "Qwen2ForSequenceClassification"})
@@ -96,10 +96,7 @@ def _scoring_states(model, input_ids, attention_mask, P: int, rm: torch.Tensor):
     N, T = input_ids.shape
     first, group = prompt_groups(input_ids, attention_mask, P)  # [u], [N]
     u = len(first)
-    pm = attention_mask[first, :P].bool()  # [u, P] real prompt tokens
-    if P == 0 or not bool(pm[:, -1].all()):
-        raise ValueError("packed forwards expect the rollout layout: non-empty prompts, left-padded to the "
-                         "prompt length (the last prompt slot of every row a real token)")
+    pm = _left_padded(attention_mask[first, :P].bool())  # [u, P] real prompt tokens
     sel = torch.cat([pm.reshape(-1), rm.reshape(-1)]).nonzero().squeeze(-1)  # [M] slots that run
     Mp = int(pm.sum())  # packed rows [0, Mp) are prompt tokens, [Mp, M) response tokens
     pos = position_ids(attention_mask)  # [N, T]
@@ -111,7 +108,7 @@ def _scoring_states(model, input_ids, attention_mask, P: int, rm: torch.Tensor):
     rows = torch.cat([last, torch.arange(Mp, h.shape[0], device=h.device)])  # [u + Mr]
     norm = model.model.norm
     which = torch.cat([group, u + torch.arange(h.shape[0] - Mp, device=h.device)])  # [N + Mr]
-    return _rms(h[rows], norm.weight, norm.variance_epsilon), which
+    return rms_norm(h[rows], norm.weight, norm.variance_epsilon), which
 
 
 def hf_packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
@@ -126,9 +123,7 @@ def hf_packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     if T == P:
         empty = input_ids.new_zeros(N, 0, dtype=torch.float32)
         return empty, (empty if with_entropy else None)
-    pm = attention_mask[:, :P].bool()  # [N, P]
-    if P == 0 or not bool(pm[:, -1].all()):
-        raise ValueError("hf_packed_logprobs expects the rollout layout: non-empty prompts, left-padded")
+    pm = _left_padded(attention_mask[:, :P].bool())  # [N, P]
     rm = attention_mask[:, P + 1:].bool()  # [N, R-1] response token P+t runs iff token P+t+1 is real
     run = torch.cat([pm, rm], 1)  # [N, T-1] tokens that run, packed row-major
     lens = run.sum(1)  # [N]
@@ -162,18 +157,20 @@ def _score(logits, which, input_ids, attention_mask, P: int, rm, temperature: fl
     return lp, entropy
 
 
+def _left_padded(pm: torch.Tensor) -> torch.Tensor:
+    """``pm [n, P]`` (real prompt tokens) after checking the rollout layout the packed forwards index by."""
+    if pm.shape[1] == 0 or not bool(pm[:, -1].all()):
+        raise ValueError("packed forwards expect the rollout layout: non-empty prompts, left-padded to the "
+                         "prompt length (the last prompt slot of every row a real token)")
+    return pm
+
+
 def _unpack(flat: torch.Tensor, rm: torch.Tensor, resp_mask: torch.Tensor) -> torch.Tensor:
     """``flat [N + Mr]`` (response token 0 of every row, then the packed later tokens) -> ``[N, R]``,
     zero on padded slots."""
     N = rm.shape[0]
     rest = flat.new_zeros(rm.numel()).index_put((rm.reshape(-1).nonzero().squeeze(-1),), flat[N:])  # [N (R-1)]
     return torch.cat([flat[:N, None], rest.view(N, -1)], 1) * resp_mask  # [N, R]
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF ``LlamaRMSNorm`` / ``Qwen2RMSNorm``: normalise in fp32, cast back, then the weight."""
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _decoder(model, ids, sel, u, P, N, t, group, cos, sin, pm, rm) -> torch.Tensor:
@@ -184,8 +181,9 @@ def _decoder(model, ids, sel, u, P, N, t, group, cos, sin, pm, rm) -> torch.Tens
     Hq = cfg.num_attention_heads
     D = getattr(cfg, "head_dim", None) or cfg.hidden_size // Hq
     blocks = (u * P, N * t)  # slots of the prompt block, then of the response block
-    p_bias = prompt_bias(pm)  # [u, 1, 1, P, P]
-    r_bias = continuation_bias(pm[group], rm)  # [N, 1, 1, t, P + t]
+    Hkv, dtype = cfg.num_key_value_heads, inner.embed_tokens.weight.dtype
+    p_bias = attention_bias(prompt_bias(pm), Hq, Hkv, dtype)  # from [u, 1, 1, P, P], once for all layers
+    r_bias = attention_bias(continuation_bias(pm[group], rm), Hq, Hkv, dtype)  # from [N, 1, 1, t, P + t]
     emb = inner.embed_tokens  # its padding_idx row gets no gradient from the inputs, as in the HF module
     h = F.embedding(ids, emb.weight, emb.padding_idx)  # [M, H]
     M = h.shape[0]
@@ -199,7 +197,7 @@ def _decoder(model, ids, sel, u, P, N, t, group, cos, sin, pm, rm) -> torch.Tens
 
     for layer in inner.layers:
         a, mlp = layer.self_attn, layer.mlp
-        x = _rms(h, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)  # [M, H]
+        x = rms_norm(h, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)  # [M, H]
         q = _rotate(F.linear(x, a.q_proj.weight, a.q_proj.bias).view(M, -1, D), cos, sin)  # [M, Hq, D]
         k = _rotate(F.linear(x, a.k_proj.weight, a.k_proj.bias).view(M, -1, D), cos, sin)  # [M, Hkv, D]
         v = F.linear(x, a.v_proj.weight, a.v_proj.bias).view(M, -1, D)  # [M, Hkv, D]
@@ -209,7 +207,7 @@ def _decoder(model, ids, sel, u, P, N, t, group, cos, sin, pm, rm) -> torch.Tens
                _attention(q_r, k_r, v_r, r_bias, a.scaling, k_p[group], v_p[group]))  # [N, t, Hq D]
         o = torch.cat([o_p.reshape(blocks[0], Hq * D), o_r.reshape(blocks[1], Hq * D)]).index_select(0, sel)  # [M, Hq D]
         h = h + F.linear(o, a.o_proj.weight, a.o_proj.bias)
-        x = _rms(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        x = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
         gate, up = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
         h = h + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
     return h
@@ -222,17 +220,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _attention(q, k, v, bias, scaling: float, pre_k=None, pre_v=None) -> torch.Tensor:
     """Attention of queries ``q [n, t, Hq, D]`` over the prefix keys/values ``pre_k``/``pre_v`` ``[n, L0, Hkv,
-    D]`` (if any) then the rows' own ``k``/``v`` ``[n, t, Hkv, D]``, additive ``bias [n, 1, 1, t, L]`` ->
-    ``[n, t, Hq D]``."""
+    D]`` (if any) then the rows' own ``k``/``v`` ``[n, t, Hkv, D]``, with ``bias`` from
+    :func:`core.lean_decoder.attention_bias` -> ``[n, t, Hq D]``."""
     n, t, Hq, D = q.shape
     Hkv = k.shape[2]
-    rep = Hq // Hkv
     k, v = k.transpose(1, 2), v.transpose(1, 2)  # [n, Hkv, t, D]
     if pre_k is not None:
         k, v = torch.cat([pre_k.transpose(1, 2), k], 2), torch.cat([pre_v.transpose(1, 2), v], 2)  # [n, Hkv, L, D]
-    q = q.reshape(n, t, Hkv, rep, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]: head j rep + r reads kv head j
-    L = k.shape[2]
-    if n * Hq * t * L > _SDPA_ABOVE:
-        return sdpa_attend(q, k, v, bias, scaling)
-    b = bias.to(q.dtype).expand(n, Hkv, rep, t, L).reshape(n * Hkv, rep * t, L)
-    return attend(q, k, v, b, scaling)
+    q = q.reshape(n, t, Hkv, Hq // Hkv, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]: head j rep + r reads kv head j
+    return attend_with(q, k, v, bias, scaling)

@@ -95,7 +95,7 @@ def test_no_grad_passes_and_the_sdpa_branch(model_tok, monkeypatch):
     pk = chunked_logprobs(*args, packing=True)
     assert not pk.is_inference() and (pk[~keep] == 0).all()
     torch.testing.assert_close(pk[keep], padded[keep], atol=1e-5, rtol=1e-5)
-    monkeypatch.setattr(packed, "_SDPA_ABOVE", 0)
+    monkeypatch.setattr(lean_decoder, "_SDPA_ABOVE", 0)
     torch.testing.assert_close(chunked_logprobs(*args, packing=True)[keep], padded[keep], atol=1e-5, rtol=1e-5)
 
 
