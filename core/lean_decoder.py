@@ -12,7 +12,8 @@ of the sampling time. Here a step is the same arithmetic in fewer, larger ops:
 - attention folds the grouped query heads into the batch (``[N Hkv, rep t, D]``), so keys and
   values are never repeated (HF's ``repeat_kv`` copies them): mask + scaled scores in one ``baddbmm``,
   an fp32 softmax, one ``bmm``; large score tensors go to SDPA instead (``_SDPA_ABOVE``);
-- residual adds happen inside the output GEMMs (``addmm``).
+- residual adds happen inside the output GEMMs (``addmm``), and a small model's weights are
+  row-major copies (``w^T``), which MKL multiplies faster with the few rows of a decoding step.
 
 Exactness: the operations are HF's (RMSNorm in fp32, then the weight; RoPE as
 ``x cos + rotate_half(x) sin``; softmax in fp32; scaling from the attention module), some fused or
@@ -58,48 +59,51 @@ def unsupported_reason(model, archs: frozenset[str] | set[str] = _ARCHS) -> str 
     return None
 
 
-_FUSE_MAX_BYTES = 256 << 20  # fused q/k/v and gate/up copies of all layers above this: separate GEMMs
+_FUSE_MAX_BYTES = 256 << 20  # copies of all layers' weights above this: the module's own, unfused
 
 
 @dataclass
 class _Layer:
-    """One decoder layer's parameters; ``qkv`` and ``gu`` are ``(weight, bias)`` pairs, one fused pair
-    (``[(Hq + 2 Hkv) D, H]``, ``[2 I, H]``) or one pair per projection."""
+    """One decoder layer's parameters, each projection as ``(w^T [in, out], bias)`` for ``x @ w^T``: ``qkv``
+    and ``gu`` one fused pair (``[H, (Hq + 2 Hkv) D]``, ``[H, 2 I]``) or one pair per projection."""
 
     ln1: torch.Tensor  # [H]
     qkv: list[tuple[torch.Tensor, torch.Tensor | None]]
-    wo: torch.Tensor  # [H, Hq D]
+    wo: torch.Tensor  # [Hq D, H]
     bo: torch.Tensor | None
     ln2: torch.Tensor  # [H]
     gu: list[tuple[torch.Tensor, torch.Tensor | None]]
-    wd: torch.Tensor  # [H, I]
+    wd: torch.Tensor  # [I, H]
     bd: torch.Tensor | None
 
 
-def _projections(mods, fuse: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """``[(weight, bias)]`` of the linear modules ``mods``: one concatenated pair (a copy) or theirs."""
-    if not fuse:
-        return [(m.weight, m.bias) for m in mods]
+def _projections(mods, copy: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """``[(w^T, bias)]`` of the linear modules ``mods``: with ``copy`` one concatenated pair whose ``w^T`` is
+    a contiguous copy (MKL's row-major GEMM, with few rows as in a decoding step, runs up to 2x faster on
+    it than on the transposed view: docs/performance.md), else the modules' own weights as views."""
+    if not copy:
+        return [(m.weight.t(), m.bias) for m in mods]
     biases = [m.bias for m in mods]
     bias = None if all(b is None for b in biases) else torch.cat([
         b if b is not None else torch.zeros(m.out_features, dtype=m.weight.dtype, device=m.weight.device)
         for b, m in zip(biases, mods)])
-    return [(torch.cat([m.weight for m in mods]), bias)]
+    return [(torch.cat([m.weight for m in mods]).t().contiguous(), bias)]
 
 
 def _project(x: torch.Tensor, pairs) -> torch.Tensor:
-    """The projections ``pairs`` of ``x`` side by side on the last dim (one GEMM when fused)."""
-    if len(pairs) == 1:
-        return F.linear(x, *pairs[0])
-    return torch.cat([F.linear(x, w, b) for w, b in pairs], -1)
+    """The projections ``pairs`` of ``x [..., in]`` side by side on the last dim (one GEMM when fused)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    out = [torch.mm(x2, wt) if b is None else torch.addmm(b, x2, wt) for wt, b in pairs]
+    out = out[0] if len(out) == 1 else torch.cat(out, -1)
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 class LeanDecoder:
     """The decoder stack of ``model`` as plain tensor ops, in inference mode (no autograd, no version
     counters: ~10% less per-op overhead than ``no_grad`` here; what comes out is an inference tensor,
-    and the first op outside inference mode gives an ordinary one). Build one per call: the fused
-    weights are copies, made when the parameters are current (after the last optimiser step); layers
-    whose copies would exceed ``_FUSE_MAX_BYTES`` in all keep their separate projections."""
+    and the first op outside inference mode gives an ordinary one). Build one per call: the fused,
+    row-major weights are copies, made when the parameters are current (after the last optimiser step);
+    a model whose copies would exceed ``_FUSE_MAX_BYTES`` keeps its own weights, projections separate."""
 
     @torch.inference_mode()
     def __init__(self, model):
@@ -109,18 +113,22 @@ class LeanDecoder:
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq
         self.rep, self.I, self.eps = self.Hq // self.Hkv, cfg.intermediate_size, cfg.rms_norm_eps
         self.scaling = inner.layers[0].self_attn.scaling
-        # fused q/k/v and gate/up GEMMs halve the per-token op count of a small model; on a large one the
-        # GEMMs dominate anyway and the fused copies would hold most of the model a second time
-        copied = [getattr(layer.self_attn, n) for layer in inner.layers for n in ("q_proj", "k_proj", "v_proj")] + \
-                 [getattr(layer.mlp, n) for layer in inner.layers for n in ("gate_proj", "up_proj")]
-        fuse = sum(p.numel() * p.element_size() for m in copied for p in m.parameters()) <= _FUSE_MAX_BYTES
+        # fused q/k/v and gate/up GEMMs halve the per-token op count of a small model, and row-major copies
+        # of the weights speed up its few-row GEMMs; on a large one the GEMMs dominate anyway and the
+        # copies would hold the model a second time
+        names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                 "mlp.up_proj", "mlp.down_proj")
+        copy = sum(p.numel() * p.element_size() for layer in inner.layers for n in names
+                   for p in layer.get_submodule(n).parameters()) <= _FUSE_MAX_BYTES
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
+            (wo, bo), = _projections((a.o_proj,), copy)
+            (wd, bd), = _projections((m.down_proj,), copy)
             self.layers.append(_Layer(
-                layer.input_layernorm.weight, _projections((a.q_proj, a.k_proj, a.v_proj), fuse),
-                a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
-                _projections((m.gate_proj, m.up_proj), fuse), m.down_proj.weight, m.down_proj.bias))
+                layer.input_layernorm.weight, _projections((a.q_proj, a.k_proj, a.v_proj), copy), wo, bo,
+                layer.post_attention_layernorm.weight, _projections((m.gate_proj, m.up_proj), copy), wd, bd))
+        (self.lm_wt, self.lm_b), = _projections((model.lm_head,), copy)
         p = inner.embed_tokens.weight
         self.dtype, self.device = p.dtype, p.device
 
@@ -174,16 +182,15 @@ class LeanDecoder:
             # query head j * rep + r reads kv head j (HF repeat_kv order)
             q = qkv[:, :, :Hq].reshape(n, t, Hkv, rep, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]
             o = attend_with(q, kv[0, :, :, :T], kv[1, :, :, :T], bias, self.scaling)  # [n, t, Hq D]
-            h = _residual(h, o, L.wo, L.bo)
+            h = residual(h, o, L.wo, L.bo)
             gu = _project(self._rms(h, L.ln2), L.gu)  # [n, t, 2 I]
-            h = _residual(h, F.silu(gu[..., :self.I]).mul_(gu[..., self.I:]), L.wd, L.bd)
+            h = residual(h, F.silu(gu[..., :self.I]).mul_(gu[..., self.I:]), L.wd, L.bd)
         return h
 
     @torch.inference_mode()
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: ``[..., H] -> [..., V]``."""
-        lm = self.model.lm_head
-        return F.linear(self._rms(h, self.inner.norm.weight), lm.weight, lm.bias)
+        return _project(self._rms(h, self.inner.norm.weight), [(self.lm_wt, self.lm_b)])
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -232,17 +239,31 @@ def attend_with(q, k, v, bias, scaling: float) -> torch.Tensor:
     return attend(q, k, v, bias, scaling) if bias.dim() == 3 else sdpa_attend(q, k, v, bias, scaling)
 
 
-def attend(q, k, v, bias, scaling: float) -> torch.Tensor:
+def attend(q, k, v, bias, scaling: float, saved: list | None = None) -> torch.Tensor:
     """Softmax attention of ``q [n, Hkv, rep, t, D]`` over ``k, v [n, Hkv, T, D]`` with ``bias
     [n Hkv, rep t, T]`` -> ``[n, t, Hq D]``: ``bias + scaling q k^T`` in one batched matmul, an fp32
-    softmax, then the values (no autograd-unsafe ops: the packed training forward uses it too)."""
+    softmax, then the values (no autograd-unsafe ops: the packed training forward uses it too).
+    ``saved`` (if given) gets the batched ``(q [n Hkv, rep t, D], k, v [n Hkv, T, D], probabilities
+    [n Hkv, rep t, T])`` for a hand-written backward (:func:`core.packed_backward.attention_backward`)."""
     n, Hkv, rep, t, D = q.shape
     T = k.shape[2]
-    s = torch.baddbmm(bias, q.reshape(n * Hkv, rep * t, D), k.reshape(n * Hkv, T, D).transpose(1, 2),
-                      alpha=scaling)  # [n Hkv, rep t, T]
-    p = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype)
-    o = torch.bmm(p, v.reshape(n * Hkv, T, D)).view(n, Hkv, rep, t, D)
+    qb, kb, vb = q.reshape(n * Hkv, rep * t, D), k.reshape(n * Hkv, T, D), v.reshape(n * Hkv, T, D)
+    s = torch.baddbmm(bias, qb, kb.transpose(1, 2), alpha=scaling)  # [n Hkv, rep t, T]
+    p = softmax(s).to(q.dtype)
+    if saved is not None:
+        saved.append((qb, kb, vb, p))
+    o = torch.bmm(p, vb).view(n, Hkv, rep, t, D)
     return o.permute(0, 3, 1, 2, 4).reshape(n, t, Hkv * rep * D)
+
+
+def softmax(s: torch.Tensor) -> torch.Tensor:
+    """fp32 softmax over the last dim. torch's CPU kernel is up to 12x slower over fewer than 16 entries
+    than over 16 (a decoding step's first keys, a short prompt: docs/performance.md), so there, without
+    autograd, it is written out: ``exp(s - max) / sum``."""
+    if s.shape[-1] >= 16 or s.requires_grad or s.device.type != "cpu":
+        return torch.softmax(s, -1, dtype=torch.float32)
+    e = (s.float() - s.amax(-1, keepdim=True)).exp_()
+    return e.div_(e.sum(-1, keepdim=True))
 
 
 def sdpa_attend(q, k, v, bias, scaling: float) -> torch.Tensor:
@@ -253,9 +274,10 @@ def sdpa_attend(q, k, v, bias, scaling: float) -> torch.Tensor:
     return o.transpose(1, 2).reshape(n, t, Hkv * rep * D)
 
 
-def _residual(h: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``h + linear(x, w, b)`` with the residual added inside the GEMM (``addmm``): ``[n, t, H]``."""
-    out = torch.addmm(h.reshape(-1, h.shape[-1]), x.reshape(-1, x.shape[-1]), w.t()).view(h.shape)
+def residual(h: torch.Tensor, x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``h + x @ wt + b`` (``wt = w^T [in, out]``) with the residual added inside the GEMM (``addmm``):
+    ``[..., H]``; safe under autograd (the in-place bias add touches nothing ``addmm``'s backward reads)."""
+    out = torch.addmm(h.reshape(-1, h.shape[-1]), x.reshape(-1, x.shape[-1]), wt).view(h.shape)
     return out if b is None else out.add_(b)
 
 

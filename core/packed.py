@@ -22,17 +22,23 @@ the same packed states).
 The arithmetic is HF's (RMSNorm in fp32 then the weight, ``x cos + rotate_half(x) sin``, fp32
 softmax, the attention module's scaling) in out-of-place ops, so the same function serves the policy
 update (gradients equal to the padded HF forward's to float rounding, tests/core/test_packed.py) and
-the no-grad reference / old-policy passes. Parameters are read per call (DeepSpeed ZeRO-1/2 and the
-torch engine see the ordinary autograd graph over them).
+the no-grad reference / old-policy passes. Under autograd, float32 models run it as one graph node with
+the hand-written backward of :mod:`core.packed_backward` (:class:`_ManualBackward`;
+:func:`manual_backward_reason` says when autograd differentiates it instead). Parameters are read
+per call, and are that node's inputs, so DeepSpeed ZeRO-1/2 and the torch engine see ordinary
+gradients on them.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from core import lean_decoder
-from core.lean_decoder import (attend_with, attention_bias, continuation_bias, position_ids, prompt_bias,
-                               prompt_groups, rms_norm, rope_tables)
+from core import packed_backward as PB
+from core.lean_decoder import (attend, attend_with, attention_bias, continuation_bias, position_ids, prompt_bias,
+                               prompt_groups, residual, rms_norm, rope_tables)
 
 
 CRITIC_ARCHS = frozenset({"LlamaForSequenceClassification", "Qwen2ForSequenceClassification"})
@@ -63,15 +69,27 @@ def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
                     temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False):
     """``(log-prob [N, R], entropy [N, R] or None)`` of response tokens ``P .. T-1`` under ``model`` with
     logits divided by ``temperature``, zero on padded response slots; same contract as
-    :func:`core.policy.response_logprobs`."""
+    :func:`core.policy.response_logprobs`. Under autograd, where :func:`manual_backward_reason` allows,
+    the whole forward is one graph node with the hand-written backward of :mod:`core.packed_backward`."""
     P, (N, T) = prompt_length, input_ids.shape
     if T == P:
         empty = input_ids.new_zeros(N, 0, dtype=torch.float32)
         return empty, (empty if with_entropy else None)
     rm = attention_mask[:, P + 1:].bool()  # [N, R-1] response token P+t runs iff token P+t+1 is real
-    h, which = _scoring_states(model, input_ids, attention_mask, P, rm)  # [K, H], [N + Mr]
-    logits = F.linear(h, model.lm_head.weight, model.lm_head.bias)  # [K, V]
-    return _score(logits, which, input_ids, attention_mask, P, rm, temperature, with_entropy, entropy_grad)
+    lay = _layout(model, input_ids, attention_mask, P, rm)
+    target = torch.cat([input_ids[:, P], input_ids[:, P + 1:][rm]])  # [N + Mr] the scored tokens
+    params = _parameters(model)
+    if torch.is_grad_enabled() and any(p is not None and p.requires_grad for p in params) \
+            and manual_backward_reason(model, lay) is None:
+        lp, ent = _ManualBackward.apply(model, lay, target, float(temperature), with_entropy, entropy_grad, *params)
+    else:
+        h = _decoder(model, lay)  # [M, H]
+        norm = model.model.norm
+        hs = rms_norm(h[lay.rows], norm.weight, norm.variance_epsilon)  # [K, H]
+        logits = F.linear(hs, model.lm_head.weight, model.lm_head.bias)  # [K, V]
+        lp, ent = _score(logits, lay.which, target, temperature, with_entropy, entropy_grad)  # [N + Mr] x2
+    resp = attention_mask[:, P:]
+    return _unpack(lp, rm, resp), (None if ent is None else _unpack(ent, rm, resp))
 
 
 def packed_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
@@ -83,17 +101,42 @@ def packed_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if T == P:
         return input_ids.new_zeros(N, 0, dtype=torch.float32)
     rm = attention_mask[:, P:T - 1].bool()  # [N, R-1] response token P+t runs iff it is real
-    h, which = _scoring_states(critic, input_ids, attention_mask, P, rm)  # [K, H], [N + Mr]
+    lay = _layout(critic, input_ids, attention_mask, P, rm)
+    norm = critic.model.norm
+    h = rms_norm(_decoder(critic, lay)[lay.rows], norm.weight, norm.variance_epsilon)  # [K, H]
     v = critic.score(h).squeeze(-1).float()  # [K]
-    return _unpack(v[which], rm, torch.cat([torch.ones_like(rm[:, :1]), rm], 1))  # [N, R]
+    return _unpack(v[lay.which], rm, torch.cat([torch.ones_like(rm[:, :1]), rm], 1))  # [N, R]
 
 
-def _scoring_states(model, input_ids, attention_mask, P: int, rm: torch.Tensor):
-    """Final-norm hidden states ``[K, H]`` of the tokens that predict a response token, and which of them
-    predicts each: ``which [N + Mr]`` for response token 0 of every row (its group's last prompt token;
-    ``K`` counts each distinct prompt once), then for the response tokens ``rm [N, R-1]`` selects, in
-    row-major order (each predicts the next one). Only the real prompt tokens and ``rm`` run."""
+@dataclass
+class _Layout:
+    """Which tokens run and where they sit: packed token ``i`` is ``ids[i]`` at slot ``sel[i]`` of the padded
+    layout (``u`` prompts of ``P`` slots, then ``N`` response rows of ``t`` slots attending to their group's
+    prompt, ``group [N]``), rotated by ``cos``/``sin`` ``[M, 1, D]``; ``p_bias``/``r_bias`` are the two blocks'
+    attention masks (:func:`core.lean_decoder.attention_bias`). The packed rows ``rows [K]`` feed the final
+    norm and LM head, and scored token ``j`` (response token 0 of every row, its group's last prompt
+    token, then the later response tokens in ``rm`` order) reads row ``which[j]`` of those."""
+
+    ids: torch.Tensor
+    sel: torch.Tensor
+    u: int
+    P: int
+    N: int
+    t: int
+    group: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    p_bias: torch.Tensor
+    r_bias: torch.Tensor
+    rows: torch.Tensor
+    which: torch.Tensor
+
+
+def _layout(model, input_ids, attention_mask, P: int, rm: torch.Tensor) -> _Layout:
+    """The :class:`_Layout` of a rollout batch: the real prompt tokens of each distinct prompt and the
+    response tokens ``rm [N, R-1]`` selects run (each predicts the next one)."""
     N, T = input_ids.shape
+    cfg = model.config
     first, group = prompt_groups(input_ids, attention_mask, P)  # [u], [N]
     u = len(first)
     pm = _left_padded(attention_mask[first, :P].bool())  # [u, P] real prompt tokens
@@ -103,12 +146,15 @@ def _scoring_states(model, input_ids, attention_mask, P: int, rm: torch.Tensor):
     ids = torch.cat([input_ids[first, :P].reshape(-1), input_ids[:, P:T - 1].reshape(-1)])[sel]  # [M]
     tok_pos = torch.cat([pos[first, :P].reshape(-1), pos[:, P:T - 1].reshape(-1)])[sel]  # [M]
     cos, sin = rope_tables(model, tok_pos[None])  # [1, M, 1, D]
-    h = _decoder(model, ids, sel, u, P, N, T - P - 1, group, cos[0], sin[0], pm, rm)  # [M, H]
+    M = len(sel)
     last = pm.sum(1).cumsum(0) - 1  # [u] packed index of each prompt's last token (left padding)
-    rows = torch.cat([last, torch.arange(Mp, h.shape[0], device=h.device)])  # [u + Mr]
-    norm = model.model.norm
-    which = torch.cat([group, u + torch.arange(h.shape[0] - Mp, device=h.device)])  # [N + Mr]
-    return rms_norm(h[rows], norm.weight, norm.variance_epsilon), which
+    Hq, Hkv, dtype = cfg.num_attention_heads, cfg.num_key_value_heads, model.model.embed_tokens.weight.dtype
+    return _Layout(
+        ids=ids, sel=sel, u=u, P=P, N=N, t=T - P - 1, group=group, cos=cos[0], sin=sin[0],
+        p_bias=attention_bias(prompt_bias(pm), Hq, Hkv, dtype),  # from [u, 1, 1, P, P]
+        r_bias=attention_bias(continuation_bias(pm[group], rm), Hq, Hkv, dtype),  # from [N, 1, 1, t, P + t]
+        rows=torch.cat([last, torch.arange(Mp, M, device=ids.device)]),  # [u + Mr]
+        which=torch.cat([group, u + torch.arange(M - Mp, device=ids.device)]))  # [N + Mr]
 
 
 def hf_packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
@@ -136,24 +182,24 @@ def hf_packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     logits = model(input_ids=input_ids[:, :T - 1][run][None], position_ids=pos[None], attention_mask=None,
                    use_cache=False, logits_to_keep=keep).logits[0]  # [N + Mr, V]
     which = torch.arange(logits.shape[0], device=logits.device)  # one logits row per scored token
-    return _score(logits, which, input_ids, attention_mask, P, rm, temperature, with_entropy, entropy_grad)
+    target = torch.cat([input_ids[:, P], input_ids[:, P + 1:][rm]])  # [N + Mr]
+    lp, ent = _score(logits, which, target, temperature, with_entropy, entropy_grad)
+    resp = attention_mask[:, P:]
+    return _unpack(lp, rm, resp), (None if ent is None else _unpack(ent, rm, resp))
 
 
-def _score(logits, which, input_ids, attention_mask, P: int, rm, temperature: float, with_entropy: bool,
-           entropy_grad: bool):
-    """Log-probs (and entropies) ``[N, R]`` of the targets from ``logits [K, V]``: scored token ``j`` (response
-    token 0 of every row, then the later response tokens in ``rm`` order) reads logits row ``which[j]``."""
+def _score(logits, which, target, temperature: float, with_entropy: bool, entropy_grad: bool):
+    """Log-probs (and entropies) ``[J]`` of the scored tokens ``target [J]`` from ``logits [K, V]``: scored
+    token ``j`` reads logits row ``which[j]``."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, -1)  # [K, V]
-    target = torch.cat([input_ids[:, P], input_ids[:, P + 1:][rm]])  # [N + Mr]
-    lp = _unpack(logp_all[which, target], rm, attention_mask[:, P:])  # [N, R]
+    lp = logp_all[which, target]  # [J]
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = -(logp_all.exp() * logp_all).sum(-1)  # [K]
-            entropy = _unpack(ent[which], rm, attention_mask[:, P:])  # [N, R]
+            entropy = -(logp_all.exp() * logp_all).sum(-1)[which]  # [J]
     return lp, entropy
 
 
@@ -173,19 +219,16 @@ def _unpack(flat: torch.Tensor, rm: torch.Tensor, resp_mask: torch.Tensor) -> to
     return torch.cat([flat[:N, None], rest.view(N, -1)], 1) * resp_mask  # [N, R]
 
 
-def _decoder(model, ids, sel, u, P, N, t, group, cos, sin, pm, rm) -> torch.Tensor:
-    """Hidden states ``[M, H]`` (before the final norm) of the packed tokens ``ids [M]`` at slots ``sel``
-    of the padded layout: ``u`` prompts of ``P`` slots, then ``N`` response rows of ``t`` slots that
-    attend to their group's prompt (``group [N]``). ``cos``/``sin`` ``[M, 1, D]`` per packed token."""
+def _decoder(model, lay: _Layout, saved: list | None = None) -> torch.Tensor:
+    """Hidden states ``[M, H]`` (before the final norm) of the packed tokens of ``lay``. With ``saved`` (a
+    list, no autograd), per layer the activations :func:`_decoder_backward` reads are appended."""
     cfg, inner = model.config, model.model
     Hq = cfg.num_attention_heads
     D = getattr(cfg, "head_dim", None) or cfg.hidden_size // Hq
+    u, P, N, t, sel, cos, sin = lay.u, lay.P, lay.N, lay.t, lay.sel, lay.cos, lay.sin
     blocks = (u * P, N * t)  # slots of the prompt block, then of the response block
-    Hkv, dtype = cfg.num_key_value_heads, inner.embed_tokens.weight.dtype
-    p_bias = attention_bias(prompt_bias(pm), Hq, Hkv, dtype)  # from [u, 1, 1, P, P], once for all layers
-    r_bias = attention_bias(continuation_bias(pm[group], rm), Hq, Hkv, dtype)  # from [N, 1, 1, t, P + t]
     emb = inner.embed_tokens  # its padding_idx row gets no gradient from the inputs, as in the HF module
-    h = F.embedding(ids, emb.weight, emb.padding_idx)  # [M, H]
+    h = F.embedding(lay.ids, emb.weight, emb.padding_idx)  # [M, H]
     M = h.shape[0]
 
     def padded(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,19 +240,26 @@ def _decoder(model, ids, sel, u, P, N, t, group, cos, sin, pm, rm) -> torch.Tens
 
     for layer in inner.layers:
         a, mlp = layer.self_attn, layer.mlp
+        keep = None if saved is None else {"h": h}
         x = rms_norm(h, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)  # [M, H]
         q = _rotate(F.linear(x, a.q_proj.weight, a.q_proj.bias).view(M, -1, D), cos, sin)  # [M, Hq, D]
         k = _rotate(F.linear(x, a.k_proj.weight, a.k_proj.bias).view(M, -1, D), cos, sin)  # [M, Hkv, D]
         v = F.linear(x, a.v_proj.weight, a.v_proj.bias).view(M, -1, D)  # [M, Hkv, D]
         (q_p, q_r), (k_p, k_r), (v_p, v_r) = padded(q), padded(k), padded(v)
-        o_p = _attention(q_p, k_p, v_p, p_bias, a.scaling)  # [u, P, Hq D]
+        att = None if saved is None else []
+        o_p = _attention(q_p, k_p, v_p, lay.p_bias, a.scaling, saved=att)  # [u, P, Hq D]
         o_r = (q.new_zeros(N, 0, Hq * D) if t == 0 else  # keys: the group's prompt, then the row's own
-               _attention(q_r, k_r, v_r, r_bias, a.scaling, k_p[group], v_p[group]))  # [N, t, Hq D]
+               _attention(q_r, k_r, v_r, lay.r_bias, a.scaling, k_p[lay.group], v_p[lay.group], saved=att))  # [N, t, Hq D]
         o = torch.cat([o_p.reshape(blocks[0], Hq * D), o_r.reshape(blocks[1], Hq * D)]).index_select(0, sel)  # [M, Hq D]
-        h = h + F.linear(o, a.o_proj.weight, a.o_proj.bias)
-        x = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-        gate, up = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
-        h = h + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        h = residual(h, o, a.o_proj.weight.t(), a.o_proj.bias)  # [M, H]
+        x2 = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        gate, up = F.linear(x2, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(x2, mlp.up_proj.weight, mlp.up_proj.bias)
+        act_gate = F.silu(gate)  # [M, I]
+        act = act_gate * up
+        if keep is not None:
+            keep.update(x=x, att=att, o=o, h2=h, x2=x2, gate=gate, up=up, act_gate=act_gate, act=act)
+            saved.append(keep)
+        h = residual(h, act, mlp.down_proj.weight.t(), mlp.down_proj.bias)
     return h
 
 
@@ -218,7 +268,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, -1), sin)
 
 
-def _attention(q, k, v, bias, scaling: float, pre_k=None, pre_v=None) -> torch.Tensor:
+def _attention(q, k, v, bias, scaling: float, pre_k=None, pre_v=None, saved: list | None = None) -> torch.Tensor:
     """Attention of queries ``q [n, t, Hq, D]`` over the prefix keys/values ``pre_k``/``pre_v`` ``[n, L0, Hkv,
     D]`` (if any) then the rows' own ``k``/``v`` ``[n, t, Hkv, D]``, with ``bias`` from
     :func:`core.lean_decoder.attention_bias` -> ``[n, t, Hq D]``."""
@@ -228,4 +278,142 @@ def _attention(q, k, v, bias, scaling: float, pre_k=None, pre_v=None) -> torch.T
     if pre_k is not None:
         k, v = torch.cat([pre_k.transpose(1, 2), k], 2), torch.cat([pre_v.transpose(1, 2), v], 2)  # [n, Hkv, L, D]
     q = q.reshape(n, t, Hkv, Hq // Hkv, D).permute(0, 2, 3, 1, 4)  # [n, Hkv, rep, t, D]: head j rep + r reads kv head j
-    return attend_with(q, k, v, bias, scaling)
+    return attend_with(q, k, v, bias, scaling) if saved is None else attend(q, k, v, bias, scaling, saved)
+
+
+# Under autograd: the packed forward as one graph node with a hand-written backward
+
+MANUAL_BACKWARD = True  # False: let autograd differentiate the functional forward (A/B, debugging)
+
+# per decoder layer, in the order _ManualBackward takes them (a missing bias is None)
+_LAYER_PARAMS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias",
+                 "self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight",
+                 "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.o_proj.bias",
+                 "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.gate_proj.bias",
+                 "mlp.up_proj.weight", "mlp.up_proj.bias", "mlp.down_proj.weight", "mlp.down_proj.bias")
+
+
+def manual_backward_reason(model, lay: _Layout) -> str | None:
+    """None if the update's backward through :func:`packed_logprobs` is the hand-written one, else why
+    autograd differentiates the functional forward instead."""
+    if not MANUAL_BACKWARD:
+        return "core.packed.MANUAL_BACKWARD is off"
+    dtype = model.model.embed_tokens.weight.dtype
+    if dtype != torch.float32:
+        return f"parameters in {dtype} (the hand-written backward is float32)"
+    if lay.p_bias.dim() != 3 or lay.r_bias.dim() != 3:
+        return "attention runs through SDPA (score tensors above lean_decoder._SDPA_ABOVE elements)"
+    return None
+
+
+def _parameters(model) -> list:
+    """The tensors the packed forward reads: embedding, per layer :data:`_LAYER_PARAMS`, final norm, LM head."""
+    def get(obj, path):
+        for name in path.split("."):
+            obj = getattr(obj, name)
+        return obj
+
+    inner = model.model
+    return ([inner.embed_tokens.weight] + [get(layer, n) for layer in inner.layers for n in _LAYER_PARAMS]
+            + [inner.norm.weight, model.lm_head.weight, model.lm_head.bias])
+
+
+def _normalized(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x r, r)`` with ``r = rsqrt(mean(x^2) + eps)`` ``[M, 1]``: :func:`core.lean_decoder.rms_norm`'s
+    ops in its order (float32), so the values are the forward's bit for bit."""
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x * r, r
+
+
+class _ManualBackward(torch.autograd.Function):
+    """:func:`packed_logprobs` under autograd as one node: the forward runs without a graph and keeps the
+    activations :func:`_layer_backward` reads; the backward is :mod:`core.packed_backward`'s closed forms.
+    Returns the scored tokens' ``(log-probs [J], entropies [J] or None)``."""
+
+    @staticmethod
+    def forward(ctx, model, lay, target, temperature, with_entropy, entropy_grad, *params):
+        saved = []
+        h = _decoder(model, lay, saved)  # [M, H]
+        hs = h[lay.rows]  # [K, H]
+        xh, r = _normalized(hs, model.model.norm.variance_epsilon)
+        hf = model.model.norm.weight * xh
+        logits = F.linear(hf, model.lm_head.weight, model.lm_head.bias)  # [K, V]
+        logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)  # [K, V]
+        ent_k = -(logp.exp() * logp).sum(-1) if with_entropy else None  # [K]
+        ctx.model, ctx.lay, ctx.target, ctx.temperature = model, lay, target, temperature
+        ctx.acts, ctx.entropy_grad, ctx.M = (saved, hs, hf, logp, ent_k), with_entropy and entropy_grad, h.shape[0]
+        lp, ent = logp[lay.which, target], (None if ent_k is None else ent_k[lay.which])  # [J] x2
+        if ent is not None and not ctx.entropy_grad:
+            ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, d_lp, d_ent):
+        model, lay, inner = ctx.model, ctx.lay, ctx.model.model
+        saved, hs, hf, logp, ent_k = ctx.acts
+        d_lp = torch.zeros_like(lay.which, dtype=logp.dtype) if d_lp is None else d_lp
+        dz = PB.score_backward(d_lp, d_ent if ctx.entropy_grad else None, logp, ent_k, lay.which, ctx.target,
+                               ctx.temperature)  # [K, V]
+        lm = model.lm_head
+        dhf, d_lm, db_lm = PB.linear_backward(dz, hf, lm.weight, lm.bias is not None)  # [K, H]
+        dhs, d_norm = PB.rms_norm_backward(dhf, *_normalized(hs, inner.norm.variance_epsilon), inner.norm.weight)
+        dh = hs.new_zeros(ctx.M, hs.shape[1]).index_add_(0, lay.rows, dhs)  # [M, H]
+        grads = []
+        for layer, keep in reversed(list(zip(inner.layers, saved))):
+            dh, g = _layer_backward(layer, model.config, lay, keep, dh)
+            grads = g + grads
+        emb = inner.embed_tokens
+        if emb.padding_idx is not None:  # F.embedding's padding_idx: that row gets nothing from the inputs
+            dh = dh.masked_fill_((lay.ids == emb.padding_idx)[:, None], 0.0)
+        d_emb = torch.zeros_like(emb.weight).index_add_(0, lay.ids, dh)  # [V, H]
+        return (None,) * 6 + tuple([d_emb] + grads + [d_norm, d_lm, db_lm])
+
+
+def _layer_backward(layer, cfg, lay: _Layout, keep: dict, dh: torch.Tensor):
+    """``(dL/d input [M, H], gradients in :data:`_LAYER_PARAMS` order)`` of one decoder layer given
+    ``dh = dL/d output [M, H]`` and the activations ``keep`` :func:`_decoder` saved."""
+    a, mlp = layer.self_attn, layer.mlp
+    ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+    Hq, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // Hq
+    u, P, N, t, sel, M = lay.u, lay.P, lay.N, lay.t, lay.sel, dh.shape[0]
+    # MLP: h_out = h2 + down(silu(gate(x2)) * up(x2)), x2 = norm2(h2)
+    da, d_down, db_down = PB.linear_backward(dh, keep["act"], mlp.down_proj.weight, mlp.down_proj.bias is not None)
+    dgate, dup = PB.swiglu_backward(da, keep["gate"], keep["up"], keep["act_gate"])  # [M, I] x2
+    dx2, d_gate, db_gate = PB.linear_backward(dgate, keep["x2"], mlp.gate_proj.weight, mlp.gate_proj.bias is not None)
+    dx2u, d_up, db_up = PB.linear_backward(dup, keep["x2"], mlp.up_proj.weight, mlp.up_proj.bias is not None)
+    dh2, d_ln2 = PB.rms_norm_backward(dx2.add_(dx2u), *_normalized(keep["h2"], ln2.variance_epsilon), ln2.weight)
+    dh2 += dh  # the residual
+    # attention: h2 = h + o_proj(attention(rope(q(x)), rope(k(x)), v(x))), x = norm1(h)
+    do, d_o, db_o = PB.linear_backward(dh2, keep["o"], a.o_proj.weight, a.o_proj.bias is not None)  # [M, Hq D]
+    do_p, do_r = do.new_zeros(u * P + N * t, Hq * D).index_copy_(0, sel, do).split((u * P, N * t))
+    att = keep["att"]
+    dq_p, dk_p, dv_p = _block_backward(do_p.view(u, P, Hq * D), att[0], a.scaling, Hkv, D)
+    blocks = [(dq_p, dk_p, dv_p)]
+    if t > 0:
+        dq_r, dk_rf, dv_rf = _block_backward(do_r.view(N, t, Hq * D), att[1], a.scaling, Hkv, D)  # keys [N, P + t, ...]
+        dk_p.index_add_(0, lay.group, dk_rf[:, :P])  # the group's prompt keys/values, read by each of its rows
+        dv_p.index_add_(0, lay.group, dv_rf[:, :P])
+        blocks.append((dq_r, dk_rf[:, P:], dv_rf[:, P:]))
+    dq, dk, dv = (torch.cat([b[i].reshape(-1, *b[i].shape[2:]) for b in blocks]).index_select(0, sel)
+                  for i in range(3))  # packed [M, heads, D]
+    dq, dk = PB.rope_backward(dq, lay.cos, lay.sin), PB.rope_backward(dk, lay.cos, lay.sin)
+    x = keep["x"]
+    dx, d_q, db_q = PB.linear_backward(dq.reshape(M, -1), x, a.q_proj.weight, a.q_proj.bias is not None)
+    dxk, d_k, db_k = PB.linear_backward(dk.reshape(M, -1), x, a.k_proj.weight, a.k_proj.bias is not None)
+    dxv, d_v, db_v = PB.linear_backward(dv.reshape(M, -1), x, a.v_proj.weight, a.v_proj.bias is not None)
+    dh1, d_ln1 = PB.rms_norm_backward(dx.add_(dxk).add_(dxv), *_normalized(keep["h"], ln1.variance_epsilon), ln1.weight)
+    return dh2.add_(dh1), [d_ln1, d_q, db_q, d_k, db_k, d_v, db_v, d_o, db_o, d_ln2, d_gate, db_gate, d_up, db_up,
+                           d_down, db_down]
+
+
+def _block_backward(do: torch.Tensor, att: tuple, scaling: float, Hkv: int, D: int):
+    """``(dq [n, t, Hq, D], dk, dv [n, L, Hkv, D])`` of one attention block of :func:`_attention` given its
+    output gradient ``do [n, t, Hq D]`` and the batched tensors :func:`core.lean_decoder.attend` saved."""
+    qb, kb, vb, p = att
+    n, t = do.shape[:2]
+    rep, L = qb.shape[1] // t, kb.shape[1]
+    dob = do.view(n, t, Hkv, rep, D).permute(0, 2, 3, 1, 4).reshape(n * Hkv, rep * t, D)  # as attend lays out q
+    dqb, dkb, dvb = PB.attention_backward(dob, qb, kb, vb, p, scaling)
+    dq = dqb.view(n, Hkv, rep, t, D).permute(0, 3, 1, 2, 4).reshape(n, t, Hkv * rep, D)
+    return dq, dkb.view(n, Hkv, L, D).transpose(1, 2), dvb.view(n, Hkv, L, D).transpose(1, 2)

@@ -184,17 +184,42 @@ def test_dropping_finished_rows_keeps_every_row_aligned(model_tok, monkeypatch, 
 
 
 def test_separate_projections_above_the_fusion_limit(model_tok, monkeypatch):
-    """A model whose fused q/k/v and gate/up copies would exceed the limit keeps separate GEMMs: the same
-    logits and the same greedy decoding."""
+    """Under the limit the projections are fused row-major copies; a model whose copies would exceed it
+    keeps its own weights (views, separate GEMMs): the same logits and the same greedy decoding."""
     model, tok = model_tok
     roll = _rollout(model, tok, seed=9)
     args = (model, roll.input_ids, roll.attention_mask, roll.prompt_length)
+    own = {p.data_ptr() for p in model.parameters()}
+    layers = lean_decoder.LeanDecoder(model).layers
+    assert all(len(L.qkv) == 1 and len(L.gu) == 1 for L in layers)
+    copies = [w for L in layers for w in (L.qkv[0][0], L.wo, L.gu[0][0], L.wd)]
+    assert all(w.is_contiguous() and w.data_ptr() not in own for w in copies)
     fused = lean_response_logits(*args)
     monkeypatch.setattr(lean_decoder, "_FUSE_MAX_BYTES", 0)
-    assert all(len(L.qkv) == 3 and len(L.gu) == 2 for L in lean_decoder.LeanDecoder(model).layers)
+    layers = lean_decoder.LeanDecoder(model).layers
+    assert all(len(L.qkv) == 3 and len(L.gu) == 2 for L in layers)
+    assert all(w.data_ptr() in own for L in layers for w in (*(p[0] for p in L.qkv + L.gu), L.wo, L.wd))
     keep = roll.response_mask.bool()
     torch.testing.assert_close(lean_response_logits(*args)[keep], fused[keep], atol=1e-5, rtol=1e-5)
     sp = Sampling(max_new_tokens=12, temperature=0.0)
     ref = _engine("hf", model, tok).generate(_prompts(tok), sp)
     out = _engine("torch", model, tok).generate(_prompts(tok), sp)
     assert torch.equal(out.input_ids, ref.input_ids) and torch.equal(out.response_mask, ref.response_mask)
+
+
+def test_softmax_written_out_below_16_entries_equals_torch():
+    """Short last dims (where torch's CPU kernel is slow) take the written-out form: the same
+    probabilities to float rounding, exact zeros under -inf, and under autograd torch's own kernel."""
+    gen = torch.Generator().manual_seed(0)
+    checked = 0
+    for width in (1, 2, 5, 7, 15, 16, 21):
+        s = torch.randn(6, 3, width, generator=gen) * 4
+        s[..., ::3][..., 1:] = float("-inf")  # masked keys (every row keeps its first)
+        p = lean_decoder.softmax(s)
+        torch.testing.assert_close(p, torch.softmax(s, -1), atol=1e-6, rtol=1e-6)
+        assert (p[s == float("-inf")] == 0).all()
+        checked += 1
+    s = torch.randn(4, 7, requires_grad=True)
+    lean_decoder.softmax(s)[:, 0].sum().backward()
+    torch.testing.assert_close(s.grad, torch.autograd.grad(torch.softmax(s, -1)[:, 0].sum(), s)[0])
+    assert checked == 7

@@ -108,6 +108,55 @@ def test_bfloat16_stays_within_bf16_rounding():
     assert diff.abs().max() < 0.1  # log-probs of bf16 logits (ulp 0.03 at |logit| ~ 4)
 
 
+def _packed_grads(model, roll, entropy_grad: bool, temperature=0.7):
+    keep = roll.response_mask.bool()
+    w = torch.randn(keep.shape, generator=torch.Generator().manual_seed(1))
+    model.zero_grad(set_to_none=True)
+    lp, ent = packed.packed_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_length, temperature,
+                                     with_entropy=True, entropy_grad=entropy_grad)
+    loss = (lp * w * keep).sum() + ((ent * keep).sum() if entropy_grad else 0.0)
+    loss.backward()
+    return lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_the_hand_written_backward_equals_autograd(model_tok, monkeypatch, entropy_grad):
+    """The update's backward through the packed forward is the hand-written one (spied on), and gives
+    autograd's gradients of the same functional forward for every parameter, with and without the
+    entropy's gradient; the forward values agree to float rounding (without autograd, short attention
+    rows take lean_decoder.softmax's written-out form)."""
+    model, tok = model_tok
+    roll = _rollout(model, tok, seed=11)
+    calls = []
+    backward = packed._ManualBackward.backward
+    monkeypatch.setattr(packed._ManualBackward, "backward", staticmethod(lambda ctx, *g: calls.append(1) or backward(ctx, *g)))
+    manual = _packed_grads(model, roll, entropy_grad)
+    assert len(calls) == 1
+    monkeypatch.setattr(packed, "MANUAL_BACKWARD", False)
+    auto = _packed_grads(model, roll, entropy_grad)
+    assert len(calls) == 1
+    torch.testing.assert_close(manual[0], auto[0], atol=2e-6, rtol=1e-6)
+    torch.testing.assert_close(manual[1], auto[1], atol=2e-6, rtol=1e-6)
+    assert _assert_grads_close(auto[2], manual[2]) == len(list(model.parameters()))
+
+
+def test_the_hand_written_backward_says_where_it_does_not_apply(monkeypatch):
+    """float32 only, bmm-form attention only, and a switch; each case names itself."""
+    model, tok = _load(*MODELS["qwen2_gqa"])
+    roll = _rollout(model, tok, seed=2)
+    P = roll.prompt_length
+    lay = packed._layout(model, roll.input_ids, roll.attention_mask, P, roll.attention_mask[:, P + 1:].bool())
+    assert packed.manual_backward_reason(model, lay) is None
+    monkeypatch.setattr(packed, "MANUAL_BACKWARD", False)
+    assert "MANUAL_BACKWARD" in packed.manual_backward_reason(model, lay)
+    monkeypatch.undo()
+    monkeypatch.setattr(lean_decoder, "_SDPA_ABOVE", 0)
+    sdpa = packed._layout(model, roll.input_ids, roll.attention_mask, P, roll.attention_mask[:, P + 1:].bool())
+    assert "SDPA" in packed.manual_backward_reason(model, sdpa)
+    bf16, _ = _load("qwen2", {}, dtype="bfloat16")
+    assert "bfloat16" in packed.manual_backward_reason(bf16, lay)
+
+
 def test_uncovered_models_fall_back_to_the_padded_forward(monkeypatch):
     from peft import LoraConfig, get_peft_model
 
