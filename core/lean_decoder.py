@@ -220,8 +220,14 @@ def rope_tables(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """HF ``LlamaRMSNorm`` / ``Qwen2RMSNorm``: normalise in fp32, cast back, then the weight."""
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return w * rms_scale(x.float(), eps)[0].to(x.dtype)
+
+
+def rms_scale(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x r, r)`` with ``r = rsqrt(mean(x^2) + eps)`` ``[..., 1]``: the normalisation of :func:`rms_norm`
+    (whose hand-written backward, :func:`core.packed_backward.rms_norm_backward`, reads both)."""
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x * r, r
 
 
 def attention_bias(bias: torch.Tensor, Hq: int, Hkv: int, dtype: torch.dtype) -> torch.Tensor:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from core import lean_decoder
 from core import packed_backward as PB
 from core.lean_decoder import (attend, attend_with, attention_bias, continuation_bias, position_ids, prompt_bias,
-                               prompt_groups, residual, rms_norm, rope_tables)
+                               prompt_groups, residual, rms_norm, rms_scale, rope_tables)
 
 
 CRITIC_ARCHS = frozenset({"LlamaForSequenceClassification", "Qwen2ForSequenceClassification"})
@@ -77,19 +77,14 @@ def packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
         return empty, (empty if with_entropy else None)
     rm = attention_mask[:, P + 1:].bool()  # [N, R-1] response token P+t runs iff token P+t+1 is real
     lay = _layout(model, input_ids, attention_mask, P, rm)
-    target = torch.cat([input_ids[:, P], input_ids[:, P + 1:][rm]])  # [N + Mr] the scored tokens
-    params = _parameters(model)
-    if torch.is_grad_enabled() and any(p is not None and p.requires_grad for p in params) \
-            and manual_backward_reason(model, lay) is None:
+    target = _targets(input_ids, P, rm)  # [N + Mr]
+    params = _parameters(model) if torch.is_grad_enabled() else []
+    if any(p is not None and p.requires_grad for p in params) and manual_backward_reason(model, lay) is None:
         lp, ent = _ManualBackward.apply(model, lay, target, float(temperature), with_entropy, entropy_grad, *params)
     else:
-        h = _decoder(model, lay)  # [M, H]
-        norm = model.model.norm
-        hs = rms_norm(h[lay.rows], norm.weight, norm.variance_epsilon)  # [K, H]
-        logits = F.linear(hs, model.lm_head.weight, model.lm_head.bias)  # [K, V]
+        _, logits = _lm_head(model, _decoder(model, lay)[lay.rows])  # [K, V]
         lp, ent = _score(logits, lay.which, target, temperature, with_entropy, entropy_grad)  # [N + Mr] x2
-    resp = attention_mask[:, P:]
-    return _unpack(lp, rm, resp), (None if ent is None else _unpack(ent, rm, resp))
+    return _unpack_both(lp, ent, rm, attention_mask[:, P:])
 
 
 def packed_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
@@ -182,25 +177,40 @@ def hf_packed_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     logits = model(input_ids=input_ids[:, :T - 1][run][None], position_ids=pos[None], attention_mask=None,
                    use_cache=False, logits_to_keep=keep).logits[0]  # [N + Mr, V]
     which = torch.arange(logits.shape[0], device=logits.device)  # one logits row per scored token
-    target = torch.cat([input_ids[:, P], input_ids[:, P + 1:][rm]])  # [N + Mr]
-    lp, ent = _score(logits, which, target, temperature, with_entropy, entropy_grad)
-    resp = attention_mask[:, P:]
-    return _unpack(lp, rm, resp), (None if ent is None else _unpack(ent, rm, resp))
+    lp, ent = _score(logits, which, _targets(input_ids, P, rm), temperature, with_entropy, entropy_grad)
+    return _unpack_both(lp, ent, rm, attention_mask[:, P:])
+
+
+def _targets(input_ids: torch.Tensor, P: int, rm: torch.Tensor) -> torch.Tensor:
+    """The scored tokens ``[N + Mr]``: response token 0 of every row, then the later ones ``rm`` selects."""
+    return torch.cat([input_ids[:, P], input_ids[:, P + 1:][rm]])
+
+
+def _lm_head(model, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(final-norm states [K, H], logits [K, V])`` of the hidden states ``hs [K, H]``."""
+    norm = model.model.norm
+    hf = rms_norm(hs, norm.weight, norm.variance_epsilon)
+    return hf, F.linear(hf, model.lm_head.weight, model.lm_head.bias)
+
+
+def _log_probs(logits, temperature: float, with_entropy: bool, entropy_grad: bool):
+    """``(log_softmax(logits / T) [K, V], entropy per row [K] or None)``, in float32."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, -1)  # [K, V]
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = -(logp.exp() * logp).sum(-1)  # [K]
+    return logp, entropy
 
 
 def _score(logits, which, target, temperature: float, with_entropy: bool, entropy_grad: bool):
     """Log-probs (and entropies) ``[J]`` of the scored tokens ``target [J]`` from ``logits [K, V]``: scored
     token ``j`` reads logits row ``which[j]``."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, -1)  # [K, V]
-    lp = logp_all[which, target]  # [J]
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = -(logp_all.exp() * logp_all).sum(-1)[which]  # [J]
-    return lp, entropy
+    logp, entropy = _log_probs(logits, temperature, with_entropy, entropy_grad)
+    return logp[which, target], (None if entropy is None else entropy[which])
 
 
 def _left_padded(pm: torch.Tensor) -> torch.Tensor:
@@ -219,9 +229,14 @@ def _unpack(flat: torch.Tensor, rm: torch.Tensor, resp_mask: torch.Tensor) -> to
     return torch.cat([flat[:N, None], rest.view(N, -1)], 1) * resp_mask  # [N, R]
 
 
+def _unpack_both(lp: torch.Tensor, ent: torch.Tensor | None, rm: torch.Tensor, resp_mask: torch.Tensor):
+    """:func:`_unpack` of the log-probs and (if any) the entropies."""
+    return _unpack(lp, rm, resp_mask), (None if ent is None else _unpack(ent, rm, resp_mask))
+
+
 def _decoder(model, lay: _Layout, saved: list | None = None) -> torch.Tensor:
     """Hidden states ``[M, H]`` (before the final norm) of the packed tokens of ``lay``. With ``saved`` (a
-    list, no autograd), per layer the activations :func:`_decoder_backward` reads are appended."""
+    list, no autograd), per layer the activations :func:`_layer_backward` reads are appended."""
     cfg, inner = model.config, model.model
     Hq = cfg.num_attention_heads
     D = getattr(cfg, "head_dim", None) or cfg.hidden_size // Hq
@@ -318,13 +333,6 @@ def _parameters(model) -> list:
             + [inner.norm.weight, model.lm_head.weight, model.lm_head.bias])
 
 
-def _normalized(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x r, r)`` with ``r = rsqrt(mean(x^2) + eps)`` ``[M, 1]``: :func:`core.lean_decoder.rms_norm`'s
-    ops in its order (float32), so the values are the forward's bit for bit."""
-    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return x * r, r
-
-
 class _ManualBackward(torch.autograd.Function):
     """:func:`packed_logprobs` under autograd as one node: the forward runs without a graph and keeps the
     activations :func:`_layer_backward` reads; the backward is :mod:`core.packed_backward`'s closed forms.
@@ -333,15 +341,11 @@ class _ManualBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, model, lay, target, temperature, with_entropy, entropy_grad, *params):
         saved = []
-        h = _decoder(model, lay, saved)  # [M, H]
-        hs = h[lay.rows]  # [K, H]
-        xh, r = _normalized(hs, model.model.norm.variance_epsilon)
-        hf = model.model.norm.weight * xh
-        logits = F.linear(hf, model.lm_head.weight, model.lm_head.bias)  # [K, V]
-        logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)  # [K, V]
-        ent_k = -(logp.exp() * logp).sum(-1) if with_entropy else None  # [K]
+        hs = _decoder(model, lay, saved)[lay.rows]  # [K, H]
+        hf, logits = _lm_head(model, hs)  # [K, H], [K, V]
+        logp, ent_k = _log_probs(logits, temperature, with_entropy, False)  # [K, V], [K] or None
         ctx.model, ctx.lay, ctx.target, ctx.temperature = model, lay, target, temperature
-        ctx.acts, ctx.entropy_grad, ctx.M = (saved, hs, hf, logp, ent_k), with_entropy and entropy_grad, h.shape[0]
+        ctx.acts, ctx.entropy_grad = (saved, hs, hf, logp, ent_k), with_entropy and entropy_grad
         lp, ent = logp[lay.which, target], (None if ent_k is None else ent_k[lay.which])  # [J] x2
         if ent is not None and not ctx.entropy_grad:
             ctx.mark_non_differentiable(ent)
@@ -356,8 +360,8 @@ class _ManualBackward(torch.autograd.Function):
                                ctx.temperature)  # [K, V]
         lm = model.lm_head
         dhf, d_lm, db_lm = PB.linear_backward(dz, hf, lm.weight, lm.bias is not None)  # [K, H]
-        dhs, d_norm = PB.rms_norm_backward(dhf, *_normalized(hs, inner.norm.variance_epsilon), inner.norm.weight)
-        dh = hs.new_zeros(ctx.M, hs.shape[1]).index_add_(0, lay.rows, dhs)  # [M, H]
+        dhs, d_norm = PB.rms_norm_backward(dhf, *rms_scale(hs, inner.norm.variance_epsilon), inner.norm.weight)
+        dh = hs.new_zeros(len(lay.sel), hs.shape[1]).index_add_(0, lay.rows, dhs)  # [M, H]
         grads = []
         for layer, keep in reversed(list(zip(inner.layers, saved))):
             dh, g = _layer_backward(layer, model.config, lay, keep, dh)
@@ -382,7 +386,7 @@ def _layer_backward(layer, cfg, lay: _Layout, keep: dict, dh: torch.Tensor):
     dgate, dup = PB.swiglu_backward(da, keep["gate"], keep["up"], keep["act_gate"])  # [M, I] x2
     dx2, d_gate, db_gate = PB.linear_backward(dgate, keep["x2"], mlp.gate_proj.weight, mlp.gate_proj.bias is not None)
     dx2u, d_up, db_up = PB.linear_backward(dup, keep["x2"], mlp.up_proj.weight, mlp.up_proj.bias is not None)
-    dh2, d_ln2 = PB.rms_norm_backward(dx2.add_(dx2u), *_normalized(keep["h2"], ln2.variance_epsilon), ln2.weight)
+    dh2, d_ln2 = PB.rms_norm_backward(dx2.add_(dx2u), *rms_scale(keep["h2"], ln2.variance_epsilon), ln2.weight)
     dh2 += dh  # the residual
     # attention: h2 = h + o_proj(attention(rope(q(x)), rope(k(x)), v(x))), x = norm1(h)
     do, d_o, db_o = PB.linear_backward(dh2, keep["o"], a.o_proj.weight, a.o_proj.bias is not None)  # [M, Hq D]
@@ -402,7 +406,7 @@ def _layer_backward(layer, cfg, lay: _Layout, keep: dict, dh: torch.Tensor):
     dx, d_q, db_q = PB.linear_backward(dq.reshape(M, -1), x, a.q_proj.weight, a.q_proj.bias is not None)
     dxk, d_k, db_k = PB.linear_backward(dk.reshape(M, -1), x, a.k_proj.weight, a.k_proj.bias is not None)
     dxv, d_v, db_v = PB.linear_backward(dv.reshape(M, -1), x, a.v_proj.weight, a.v_proj.bias is not None)
-    dh1, d_ln1 = PB.rms_norm_backward(dx.add_(dxk).add_(dxv), *_normalized(keep["h"], ln1.variance_epsilon), ln1.weight)
+    dh1, d_ln1 = PB.rms_norm_backward(dx.add_(dxk).add_(dxv), *rms_scale(keep["h"], ln1.variance_epsilon), ln1.weight)
     return dh2.add_(dh1), [d_ln1, d_q, db_q, d_k, db_k, d_v, db_v, d_o, db_o, d_ln2, d_gate, db_gate, d_up, db_up,
                            d_down, db_down]
 
