@@ -20,11 +20,11 @@ from core import distributed
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch; use deterministic kernels so a CPU run repeats bit for bit.
 
-    Deterministic mode also fills every new uninitialised tensor with NaN by default, a debugging aid
-    against code that reads memory it never wrote; nothing here does, and the fill is one more pass
-    over memory for every op output torch allocates through ``empty`` or ``resize_`` (about 2-3% of
-    a tiny GRPO step, docs/performance.md). torch's docs: a program that never reads uninitialised
-    memory can turn it off "for better performance and still be deterministic"."""
+    Deterministic mode also fills every tensor torch allocates uninitialised (``empty``, ``resize_``,
+    and the ops that allocate their outputs that way) with NaN by default, a debugging aid against code
+    that reads memory it never wrote. Nothing here does, and the fill is one more pass over memory per
+    such tensor (1.5-2.5% of a tiny GRPO step, docs/performance.md). torch's docs: a program that never
+    reads uninitialised memory can turn it off "for better performance and still be deterministic"."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

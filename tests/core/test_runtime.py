@@ -64,11 +64,12 @@ def test_demo_recipe_pins_one_thread(compose_cfg):
 
 def test_seed_everything_keeps_deterministic_kernels_without_the_nan_fill():
     """Deterministic kernels on, but new tensors are not NaN-filled first (torch's default in
-    deterministic mode: one more memory pass per allocated op output, ~2-3% of a tiny GRPO step,
+    deterministic mode: one more memory pass per uninitialised allocation, 1.5-2.5% of a tiny GRPO step,
     docs/performance.md); the seeded stream still repeats."""
     from core.checkpoint import seed_everything
 
     fill = torch.utils.deterministic.fill_uninitialized_memory
+    mode = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     try:
         torch.use_deterministic_algorithms(True)
         torch.utils.deterministic.fill_uninitialized_memory = True
@@ -82,3 +83,4 @@ def test_seed_everything_keeps_deterministic_kernels_without_the_nan_fill():
         assert torch.equal(draws[0], draws[1])
     finally:
         torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
