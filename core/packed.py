@@ -186,10 +186,10 @@ def _targets(input_ids: torch.Tensor, P: int, rm: torch.Tensor) -> torch.Tensor:
     return torch.cat([input_ids[:, P], input_ids[:, P + 1:][rm]])
 
 
-def _lm_head(model, hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(final-norm states [K, H], logits [K, V])`` of the hidden states ``hs [K, H]``."""
-    norm = model.model.norm
-    hf = rms_norm(hs, norm.weight, norm.variance_epsilon)
+def _lm_head(model, hs: torch.Tensor, keep: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(final-norm states [K, H], logits [K, V])`` of the hidden states ``hs [K, H]``; ``keep`` as :func:`_norm`
+    takes it (key ``"norm"``)."""
+    hf = _norm(hs, model.model.norm, keep, "norm")
     return hf, F.linear(hf, model.lm_head.weight, model.lm_head.bias)
 
 
@@ -255,8 +255,8 @@ def _decoder(model, lay: _Layout, saved: list | None = None) -> torch.Tensor:
 
     for layer in inner.layers:
         a, mlp = layer.self_attn, layer.mlp
-        keep = None if saved is None else {"h": h}
-        x = rms_norm(h, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)  # [M, H]
+        keep = None if saved is None else {}
+        x = _norm(h, layer.input_layernorm, keep, "n1")  # [M, H]
         q = _rotate(F.linear(x, a.q_proj.weight, a.q_proj.bias).view(M, -1, D), cos, sin)  # [M, Hq, D]
         k = _rotate(F.linear(x, a.k_proj.weight, a.k_proj.bias).view(M, -1, D), cos, sin)  # [M, Hkv, D]
         v = F.linear(x, a.v_proj.weight, a.v_proj.bias).view(M, -1, D)  # [M, Hkv, D]
@@ -267,15 +267,25 @@ def _decoder(model, lay: _Layout, saved: list | None = None) -> torch.Tensor:
                _attention(q_r, k_r, v_r, lay.r_bias, a.scaling, k_p[lay.group], v_p[lay.group], saved=att))  # [N, t, Hq D]
         o = torch.cat([o_p.reshape(blocks[0], Hq * D), o_r.reshape(blocks[1], Hq * D)]).index_select(0, sel)  # [M, Hq D]
         h = residual(h, o, a.o_proj.weight.t(), a.o_proj.bias)  # [M, H]
-        x2 = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        x2 = _norm(h, layer.post_attention_layernorm, keep, "n2")
         gate, up = F.linear(x2, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(x2, mlp.up_proj.weight, mlp.up_proj.bias)
         act_gate = F.silu(gate)  # [M, I]
         act = act_gate * up
         if keep is not None:
-            keep.update(x=x, att=att, o=o, h2=h, x2=x2, gate=gate, up=up, act_gate=act_gate, act=act)
+            keep.update(x=x, att=att, o=o, x2=x2, gate=gate, up=up, act_gate=act_gate, act=act)
             saved.append(keep)
         h = residual(h, act, mlp.down_proj.weight.t(), mlp.down_proj.bias)
     return h
+
+
+def _norm(h: torch.Tensor, ln, keep: dict | None, key: str) -> torch.Tensor:
+    """The RMSNorm module ``ln`` of ``h [M, H]``; with ``keep`` (the hand-written backward's float32 path), its
+    normalisation ``(x_hat, r)`` (:func:`core.lean_decoder.rms_scale`) goes to ``keep[key]`` for
+    :func:`core.packed_backward.rms_norm_backward`, which would otherwise compute it again."""
+    if keep is None:
+        return rms_norm(h, ln.weight, ln.variance_epsilon)
+    keep[key] = rms_scale(h, ln.variance_epsilon)
+    return ln.weight * keep[key][0]  # rms_norm's arithmetic in float32
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -342,10 +352,11 @@ class _ManualBackward(torch.autograd.Function):
     def forward(ctx, model, lay, target, temperature, with_entropy, entropy_grad, *params):
         saved = []
         hs = _decoder(model, lay, saved)[lay.rows]  # [K, H]
-        hf, logits = _lm_head(model, hs)  # [K, H], [K, V]
+        head = {}
+        hf, logits = _lm_head(model, hs, head)  # [K, H], [K, V]
         logp, ent_k = _log_probs(logits, temperature, with_entropy, False)  # [K, V], [K] or None
         ctx.model, ctx.lay, ctx.target, ctx.temperature = model, lay, target, temperature
-        ctx.acts, ctx.entropy_grad = (saved, hs, hf, logp, ent_k), with_entropy and entropy_grad
+        ctx.acts, ctx.entropy_grad = (saved, head["norm"], hf, logp, ent_k), with_entropy and entropy_grad
         lp, ent = logp[lay.which, target], (None if ent_k is None else ent_k[lay.which])  # [J] x2
         if ent is not None and not ctx.entropy_grad:
             ctx.mark_non_differentiable(ent)
@@ -354,14 +365,14 @@ class _ManualBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_lp, d_ent):
         model, lay, inner = ctx.model, ctx.lay, ctx.model.model
-        saved, hs, hf, logp, ent_k = ctx.acts
+        saved, norm_scale, hf, logp, ent_k = ctx.acts
         d_lp = torch.zeros_like(lay.which, dtype=logp.dtype) if d_lp is None else d_lp
         dz = PB.score_backward(d_lp, d_ent if ctx.entropy_grad else None, logp, ent_k, lay.which, ctx.target,
                                ctx.temperature)  # [K, V]
         lm = model.lm_head
         dhf, d_lm, db_lm = PB.linear_backward(dz, hf, lm.weight, lm.bias is not None)  # [K, H]
-        dhs, d_norm = PB.rms_norm_backward(dhf, *rms_scale(hs, inner.norm.variance_epsilon), inner.norm.weight)
-        dh = hs.new_zeros(len(lay.sel), hs.shape[1]).index_add_(0, lay.rows, dhs)  # [M, H]
+        dhs, d_norm = PB.rms_norm_backward(dhf, *norm_scale, inner.norm.weight)  # [K, H]
+        dh = dhs.new_zeros(len(lay.sel), dhs.shape[1]).index_add_(0, lay.rows, dhs)  # [M, H]
         grads = []
         for layer, keep in reversed(list(zip(inner.layers, saved))):
             dh, g = _layer_backward(layer, model.config, lay, keep, dh)
@@ -386,7 +397,7 @@ def _layer_backward(layer, cfg, lay: _Layout, keep: dict, dh: torch.Tensor):
     dgate, dup = PB.swiglu_backward(da, keep["gate"], keep["up"], keep["act_gate"])  # [M, I] x2
     dx2, d_gate, db_gate = PB.linear_backward(dgate, keep["x2"], mlp.gate_proj.weight, mlp.gate_proj.bias is not None)
     dx2u, d_up, db_up = PB.linear_backward(dup, keep["x2"], mlp.up_proj.weight, mlp.up_proj.bias is not None)
-    dh2, d_ln2 = PB.rms_norm_backward(dx2.add_(dx2u), *rms_scale(keep["h2"], ln2.variance_epsilon), ln2.weight)
+    dh2, d_ln2 = PB.rms_norm_backward(dx2.add_(dx2u), *keep["n2"], ln2.weight)
     dh2 += dh  # the residual
     # attention: h2 = h + o_proj(attention(rope(q(x)), rope(k(x)), v(x))), x = norm1(h)
     do, d_o, db_o = PB.linear_backward(dh2, keep["o"], a.o_proj.weight, a.o_proj.bias is not None)  # [M, Hq D]
@@ -406,7 +417,7 @@ def _layer_backward(layer, cfg, lay: _Layout, keep: dict, dh: torch.Tensor):
     dx, d_q, db_q = PB.linear_backward(dq.reshape(M, -1), x, a.q_proj.weight, a.q_proj.bias is not None)
     dxk, d_k, db_k = PB.linear_backward(dk.reshape(M, -1), x, a.k_proj.weight, a.k_proj.bias is not None)
     dxv, d_v, db_v = PB.linear_backward(dv.reshape(M, -1), x, a.v_proj.weight, a.v_proj.bias is not None)
-    dh1, d_ln1 = PB.rms_norm_backward(dx.add_(dxk).add_(dxv), *rms_scale(keep["h"], ln1.variance_epsilon), ln1.weight)
+    dh1, d_ln1 = PB.rms_norm_backward(dx.add_(dxk).add_(dxv), *keep["n1"], ln1.weight)
     return dh2.add_(dh1), [d_ln1, d_q, db_q, d_k, db_k, d_v, db_v, d_o, db_o, d_ln2, d_gate, db_gate, d_up, db_up,
                            d_down, db_down]
 
