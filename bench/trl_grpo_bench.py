@@ -225,8 +225,14 @@ def main() -> dict:
                "ours_peak_rss_mb": peak["ours"], "trl_peak_rss_mb": peak["trl"], "gemm_gflops": rate / 1e9,
                "ours_matmul_gflop": flops["ours"] / 1e9, "trl_matmul_gflop": flops["trl"] / 1e9,
                "ratio_floor": floor["ours"] / med["trl"]}
+    # each repetition's two sides ran back to back: their ratios show how far the machine drifted meanwhile
+    paired = sorted(statistics.median(o["step_s"][1:]) / statistics.median(t["step_s"][1:])
+                    for o, t in zip(res["ours"], res["trl"]))
+    summary["paired_ratios"] = paired
     print(f"per-step wall time: ours {med['ours']:.3f} s, TRL {med['trl']:.3f} s, ratio ours/TRL "
           f"{summary['ratio']:.2f}; peak RSS: ours {peak['ours']:.0f} MB, TRL {peak['trl']:.0f} MB", flush=True)
+    print(f"per repetition (the two sides back to back): ratio {paired[0]:.2f}-{paired[-1]:.2f}, median "
+          f"{statistics.median(paired):.2f}", flush=True)
     print(f"matmul work per step: ours {flops['ours'] / 1e9:.2f} GFLOP, TRL {flops['trl'] / 1e9:.2f} GFLOP; at this "
           f"machine's fp32 GEMM rate ({rate / 1e9:.0f} GFLOP/s) that alone takes ours {floor['ours'] * 1e3:.1f} ms "
           f"({floor['ours'] / med['ours']:.0%} of our step), TRL {floor['trl'] * 1e3:.1f} ms "

@@ -18,6 +18,10 @@ def test_trl_bench_runs_both_sides():
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ratio ours/TRL" in out.stdout and out.stdout.count("peak RSS") == 3
+    pair = re.search(r"per repetition \(the two sides back to back\): ratio ([\d.]+)-([\d.]+), median ([\d.]+)", out.stdout)
+    ratio = re.search(r"ratio ours/TRL ([\d.]+)", out.stdout)
+    # one repetition: its pair is the whole run
+    assert pair and ratio and float(pair[1]) == float(pair[2]) == float(pair[3]) == float(ratio[1]), out.stdout[-2000:]
     # the counted matmul work: both sides do some, ours less (shared prompt, response-only logits)
     m = re.search(r"matmul work per step: ours ([\d.]+) GFLOP, TRL ([\d.]+) GFLOP.*arithmetic: ([\d.]+)", out.stdout)
     assert m, out.stdout[-2000:]
