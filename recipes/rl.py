@@ -31,6 +31,7 @@ from core import data as D
 from core import distributed, shaping, validate
 from core.advantage import AdvantageInput, compute_advantages, value_mask
 from core.checkpoint import load_training_state, save_training_state, seed_everything
+from core.config import FrozenConfig, freeze
 from core.kl_control import KLController
 from core.loss import AGGREGATIONS, AggContext, LossInput, compute_policy_loss, kl_penalty, masked_mean
 from core.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
@@ -90,6 +91,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     distributed.barrier()
+    cfg = freeze(cfg)  # validated and saved: plain read-only containers from here (core/config.py)
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     train_ids = [D.tokenize_prompt(r["prompt"], cfg.data, tokenizer) for r in train_rows]
@@ -125,7 +127,7 @@ def _build_critic(cfg, policy_path: str, total_updates: int, plan: dict):
     critic_cfg = cfg.advantage.get("critic")
     if not critic_cfg:
         return None
-    optim = OmegaConf.merge(cfg.optim, {"optimizer": {"lr": float(critic_cfg.lr)}})
+    optim = FrozenConfig({**cfg.optim, "optimizer": FrozenConfig({**cfg.optim.optimizer, "lr": float(critic_cfg.lr)})})
     return build_optim_engine(load_critic(policy_path, critic_cfg, cfg.model), optim, cfg.zero, total_updates,
                               plan["grad_accum"], int(cfg.train.micro_batch_size))
 

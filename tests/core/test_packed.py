@@ -99,6 +99,60 @@ def test_no_grad_passes_and_the_sdpa_branch(model_tok, monkeypatch):
     torch.testing.assert_close(chunked_logprobs(*args, packing=True)[keep], padded[keep], atol=1e-5, rtol=1e-5)
 
 
+def test_a_rollout_is_laid_out_once_for_its_forwards(model_tok, monkeypatch):
+    """The reference's no-grad pass (inference mode) and the policy's training pass over the same batch
+    share one layout, which autograd can still save (built outside inference mode); the gradients equal
+    those from a layout of its own. Another batch, the same tensor changed in place, or another attention
+    form each lay out afresh."""
+    import copy
+
+    model, tok = model_tok
+    ref = copy.deepcopy(model)
+    roll = _rollout(model, tok, seed=4)
+    built, real = [], packed._layout
+    monkeypatch.setattr(packed, "_layout", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(packed, "MANUAL_BACKWARD", False)  # autograd saves the layout's tensors
+    packed._LAST.clear()
+    chunked_logprobs(ref, roll.input_ids, roll.attention_mask, roll.prompt_length, 0.7, 64, packing=True)
+    shared = _packed_grads(model, roll, entropy_grad=False)
+    assert len(built) == 1
+    packed._LAST.clear()
+    own = _packed_grads(model, roll, entropy_grad=False)
+    assert len(built) == 2
+    assert torch.equal(shared[0], own[0]) and all(torch.equal(shared[2][n], own[2][n]) for n in own[2])
+    ids = roll.input_ids.clone()
+    packed.packed_logprobs(model, ids, roll.attention_mask, roll.prompt_length)  # equal content: reused
+    assert len(built) == 2
+    ids[0, -1] = (ids[0, -1] + 1) % model.config.vocab_size  # in place: the held tensor changed
+    packed.packed_logprobs(model, ids, roll.attention_mask, roll.prompt_length)
+    assert len(built) == 3
+    monkeypatch.setattr(lean_decoder, "_SDPA_ABOVE", 0)
+    packed.packed_logprobs(model, ids, roll.attention_mask, roll.prompt_length)
+    assert len(built) == 4 and packed._LAST[0][1].r_bias.dim() == 5  # the SDPA form of the mask
+
+
+def test_unused_slots_of_the_attention_layout_are_zeroed(model_tok):
+    """The padded attention layout is allocated empty and only its unused slots are zeroed: with torch
+    filling every empty allocation with NaN (deterministic mode's fill), log-probs and gradients stay
+    equal to the padded forward's, so no unused slot is read unwritten."""
+    from torch.utils import deterministic
+
+    model, tok = model_tok
+    roll = _rollout(model, tok, seed=8)
+    assert (roll.response_mask == 0).any()  # early EOS: the response block has unused slots
+    mode, fill = torch.are_deterministic_algorithms_enabled(), deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    deterministic.fill_uninitialized_memory = True
+    try:
+        assert torch.empty(4).isnan().all()  # the fill is on
+        hf, pk, keep = _both(model, roll)
+    finally:
+        torch.use_deterministic_algorithms(mode)
+        deterministic.fill_uninitialized_memory = fill
+    torch.testing.assert_close(pk[0][keep], hf[0][keep], atol=1e-5, rtol=1e-5)
+    assert _assert_grads_close(hf[2], pk[2]) == len(list(model.parameters()))
+
+
 def test_bfloat16_stays_within_bf16_rounding():
     model, tok = _load("qwen2", {}, dtype="bfloat16")
     roll = _rollout(model, tok, seed=3)
