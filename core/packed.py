@@ -162,7 +162,8 @@ def _layout_for(model, input_ids, attention_mask, P: int, rm: torch.Tensor) -> _
     same: a rollout's reference, old-policy and training forwards lay out the same tokens (1.1 ms each on
     the tiny GRPO step, docs/performance.md). Equality is checked on the tensors themselves (held, not
     copied; one changed in place since is a miss). Built outside inference mode, so that a training
-    forward differentiated by autograd may save its tensors."""
+    forward differentiated by autograd may save its tensors. The last layout (masks and RoPE tables of one
+    batch) stays alive until another batch replaces it; a critic's layout (other scored slots) is a miss."""
     rot, cfg = model.model.rotary_emb, model.config
     sig = (P, cfg.num_attention_heads, cfg.num_key_value_heads, model.model.embed_tokens.weight.dtype,
            getattr(rot, "rope_type", None), float(getattr(rot, "attention_scaling", 1.0)), lean_decoder._SDPA_ABOVE)
