@@ -170,7 +170,7 @@ def _layout_for(model, input_ids, attention_mask, P: int, rm: torch.Tensor) -> _
     data = (input_ids, attention_mask, rm, rot.inv_freq)
     if _LAST:
         (sig0, data0, versions0), lay = _LAST[0]
-        if sig0 == sig and all(_version(a) == v and a.shape == b.shape and a.device == b.device and torch.equal(a, b)
+        if sig0 == sig and all(_version(a) == v and a.device == b.device and torch.equal(a, b)
                                for a, b, v in zip(data0, data, versions0)):
             return lay
     with torch.inference_mode(False):
@@ -280,10 +280,8 @@ def _decoder(model, lay: _Layout, saved: list | None = None) -> torch.Tensor:
 
     def padded(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed ``[M, heads, D]`` -> prompt block ``[u, P, heads, D]`` and response block ``[N, t, heads, D]``
-        (zeros on unused slots, written there alone: a masked key must still be finite, or its score
-        NaN; the split, unlike slicing twice, back-propagates without zero-filling)."""
-        full = z.new_empty(sum(blocks), *z.shape[1:]).index_copy_(0, sel, z).index_fill_(0, lay.pad, 0.0)  # [S, heads, D]
-        zp, zr = full.split(blocks)
+        (the split, unlike slicing twice, back-propagates without zero-filling)."""
+        zp, zr = _to_padded(z, lay).split(blocks)  # [S, heads, D] split
         return zp.view(u, P, *z.shape[1:]), zr.view(N, t, *z.shape[1:])
 
     for layer in inner.layers:
@@ -309,6 +307,14 @@ def _decoder(model, lay: _Layout, saved: list | None = None) -> torch.Tensor:
             saved.append(keep)
         h = residual(h, act, mlp.down_proj.weight.t(), mlp.down_proj.bias)
     return h
+
+
+def _to_padded(z: torch.Tensor, lay: _Layout) -> torch.Tensor:
+    """Packed rows ``z [M, ...]`` -> the padded attention layout ``[S, ...]`` (prompt block, then response
+    block): each token at its slot, zeros written on the unused slots alone (a masked key must still be
+    finite, or its score is NaN)."""
+    full = z.new_empty(lay.u * lay.P + lay.N * lay.t, *z.shape[1:])
+    return full.index_copy_(0, lay.sel, z).index_fill_(0, lay.pad, 0.0)
 
 
 def _norm(h: torch.Tensor, ln, keep: dict | None, key: str) -> torch.Tensor:
@@ -434,8 +440,7 @@ def _layer_backward(layer, cfg, lay: _Layout, keep: dict, dh: torch.Tensor):
     dh2 += dh  # the residual
     # attention: h2 = h + o_proj(attention(rope(q(x)), rope(k(x)), v(x))), x = norm1(h)
     do, d_o, db_o = PB.linear_backward(dh2, keep["o"], a.o_proj.weight, a.o_proj.bias is not None)  # [M, Hq D]
-    do_p, do_r = (do.new_empty(u * P + N * t, Hq * D).index_copy_(0, sel, do).index_fill_(0, lay.pad, 0.0)
-                  .split((u * P, N * t)))
+    do_p, do_r = _to_padded(do, lay).split((u * P, N * t))
     att = keep["att"]
     dq_p, dk_p, dv_p = _block_backward(do_p.view(u, P, Hq * D), att[0], a.scaling, Hkv, D)
     blocks = [(dq_p, dk_p, dv_p)]
