@@ -7,7 +7,9 @@ batch, fused AdamW, fp32, no gradient checkpointing, the same glibc allocator se
 (``core/runtime.py``; ``BENCH_MALLOC=default`` leaves glibc's defaults on both sides). Each side runs in a fresh subprocess, alternating, several
 repetitions; the per-step wall time excludes setup and the first (warm-up) step; peak memory is
 the child process's peak RSS (``ru_maxrss``). Both sides use the same intra-op thread count
-(``BENCH_THREADS``, default 1: the tiny model gains nothing from more on 2 shared cores).
+(``BENCH_THREADS``, default 1: the tiny model gains nothing from more on 2 shared cores). Our side
+multiplies through its default ``cpu_matmul=onednn`` (``core/gemm.py``), TRL through torch's kernel;
+``BENCH_CPU_MATMUL=torch`` runs ours on torch's too, which isolates what the kernel choice is worth.
 
 Where the floor is: one extra, untimed step of each side runs under ``torch.utils.flop_counter``,
 which counts the matrix-multiply FLOPs the step really executes (forward, backward, generation;
@@ -19,6 +21,7 @@ lowest ratio reachable without doing less arithmetic.
     python -m bench trl                      # or: make bench
     BENCH_REPS=5 BENCH_STEPS=8 python -m bench trl
     BENCH_PROMPT=simplerl BENCH_MAX_NEW=64 python -m bench trl   # longer prompts / completions
+    BENCH_CPU_MATMUL=torch python -m bench trl                   # ours on torch's GEMM kernel too
 
 ``BENCH_PROMPT=simplerl`` wraps each question in SimpleRL-Zoo's pre-templated Qwen prompt (system turn,
 the question, "Please reason step by step, ..."; ../shared/reference/simplerl_zoo.md section 3), about
@@ -49,6 +52,7 @@ STEPS = int(os.environ.get("BENCH_STEPS", 6))
 REPS = int(os.environ.get("BENCH_REPS", 3))
 THREADS = int(os.environ.get("BENCH_THREADS", 1))
 OURS_ENGINE = os.environ.get("BENCH_ENGINE", "torch")
+OURS_MATMUL = os.environ.get("BENCH_CPU_MATMUL", "onednn")  # our side's cpu_matmul (core/gemm.py); TRL: torch's
 # both sides run pinned to the same core (the lowest this process may use unless BENCH_CPU names one):
 # on a shared VM the cores differ (one takes the virtio interrupts), and a side that lands on the
 # busier core at random turns into run-to-run noise; "none" leaves the scheduler free
@@ -77,6 +81,7 @@ def _shared_cfg():
         f"train.prompts_per_step={PROMPTS}", f"train.group_size={GROUP}", f"train.mini_batch_size={n}",
         f"train.micro_batch_size={n}", f"train.logprob_micro_batch_size={n}", f"train.total_steps={STEPS}",
         f"rollout.max_new_tokens={MAX_NEW}", f"rollout.engine={OURS_ENGINE}", f"kl.coef={BETA}",
+        f"cpu_matmul={OURS_MATMUL}",
         "kl.estimator=k3", "kl.placement=loss", "loss.aggregation=token_mean", f"optim.optimizer.lr={LR}",
         f"seed={SEED}"])
 
@@ -172,21 +177,33 @@ def child(side: str) -> None:
     print(json.dumps({"side": side, "step_s": times, "flops": flops, "peak_rss_mb": peak_mb}), flush=True)
 
 
-def gemm_rate(reps: int = 200) -> float:
-    """fp32 FLOP/s of this machine's GEMM at the tiny model's MLP shape (one step's worth of rows)."""
+def gemm_rate(reps: int = 200) -> dict[str, float]:
+    """fp32 FLOP/s of this machine's GEMM at the tiny model's MLP shape (one step's worth of rows), per
+    backend: torch's ``F.linear`` (MKL) and, where this torch has it, oneDNN (``core.gemm``)."""
     import torch
+    import torch.nn.functional as F
+
+    from core import gemm
 
     torch.set_num_threads(THREADS)
     tiny = _shared_cfg().model.tiny
     a = torch.randn(PROMPTS * GROUP * MAX_NEW, int(tiny.hidden_size))  # [tokens, H]
     w = torch.randn(int(tiny.intermediate_size), int(tiny.hidden_size))  # [I, H]
-    best = float("inf")
-    for _ in range(5):  # best of 5 timed blocks: the rate the machine can give, not a noisy mean
-        t0 = time.perf_counter()
-        for _ in range(reps // 5):
-            torch.nn.functional.linear(a, w)
-        best = min(best, (time.perf_counter() - t0) / (reps // 5))
-    return 2 * a.shape[0] * a.shape[1] * w.shape[0] / best
+    kernels = {"torch": F.linear}
+    if gemm.onednn_available():
+        kernels["onednn"] = gemm.linear  # oneDNN in this process: the module's default
+    rates = {}
+    with torch.inference_mode():
+        for name, f in kernels.items():
+            f(a, w)  # oneDNN compiles its kernel for the shape on the first call
+            best = float("inf")
+            for _ in range(5):  # best of 5 timed blocks: the rate the machine can give, not a noisy mean
+                t0 = time.perf_counter()
+                for _ in range(reps // 5):
+                    f(a, w)
+                best = min(best, (time.perf_counter() - t0) / (reps // 5))
+            rates[name] = 2 * a.shape[0] * a.shape[1] * w.shape[0] / best
+    return rates
 
 
 def _spawn(side: str) -> dict:
@@ -208,7 +225,7 @@ def main() -> dict:
     """Alternate the two sides ``REPS`` times; print medians, the ratio and peak memory."""
     print(f"GRPO step, CPU, {THREADS} thread(s): {PROMPTS} prompts ({PROMPT} template) x {GROUP} completions, "
           f"<= {MAX_NEW} new tokens, beta {BETA}, {STEPS} steps (first excluded), {REPS} alternating reps; ours: "
-          f"rollout.engine={OURS_ENGINE}; both pinned to CPU {CPU}", flush=True)
+          f"rollout.engine={OURS_ENGINE}, cpu_matmul={OURS_MATMUL}; both pinned to CPU {CPU}", flush=True)
     res = {"ours": [], "trl": []}
     for rep in range(REPS):
         for side in (("ours", "trl") if rep % 2 == 0 else ("trl", "ours")):
@@ -219,10 +236,14 @@ def main() -> dict:
     med = {s: statistics.median(t for r in rs for t in r["step_s"][1:]) for s, rs in res.items()}
     peak = {s: max(r["peak_rss_mb"] for r in rs) for s, rs in res.items()}
     flops = {s: statistics.median(r["flops"] for r in rs) for s, rs in res.items()}
-    rate = gemm_rate()
-    floor = {s: f / rate for s, f in flops.items()}
+    rates = gemm_rate()
+    # TRL multiplies through torch; ours through its cpu_matmul backend. The floor of either: its matmuls
+    # at the fastest rate this machine offers (the lowest ratio no kernel choice can beat)
+    rate = {"ours": rates.get(OURS_MATMUL, rates["torch"]), "trl": rates["torch"], "best": max(rates.values())}
+    floor = {s: f / rate["best"] for s, f in flops.items()}
     summary = {"ours_step_s": med["ours"], "trl_step_s": med["trl"], "ratio": med["ours"] / med["trl"],
-               "ours_peak_rss_mb": peak["ours"], "trl_peak_rss_mb": peak["trl"], "gemm_gflops": rate / 1e9,
+               "ours_peak_rss_mb": peak["ours"], "trl_peak_rss_mb": peak["trl"],
+               **{f"gemm_gflops_{k}": v / 1e9 for k, v in rates.items()},
                "ours_matmul_gflop": flops["ours"] / 1e9, "trl_matmul_gflop": flops["trl"] / 1e9,
                "ratio_floor": floor["ours"] / med["trl"]}
     # each repetition's two sides ran back to back: their ratios show how far the machine drifted meanwhile
@@ -233,11 +254,13 @@ def main() -> dict:
           f"{summary['ratio']:.2f}; peak RSS: ours {peak['ours']:.0f} MB, TRL {peak['trl']:.0f} MB", flush=True)
     print(f"per repetition (the two sides back to back): ratio {paired[0]:.2f}-{paired[-1]:.2f}, median "
           f"{statistics.median(paired):.2f}", flush=True)
-    print(f"matmul work per step: ours {flops['ours'] / 1e9:.2f} GFLOP, TRL {flops['trl'] / 1e9:.2f} GFLOP; at this "
-          f"machine's fp32 GEMM rate ({rate / 1e9:.0f} GFLOP/s) that alone takes ours {floor['ours'] * 1e3:.1f} ms "
-          f"({floor['ours'] / med['ours']:.0%} of our step), TRL {floor['trl'] * 1e3:.1f} ms "
-          f"({floor['trl'] / med['trl']:.0%} of its step); lowest ratio without less arithmetic: "
-          f"{summary['ratio_floor']:.2f}", flush=True)
+    print("fp32 GEMM rate at the MLP shape: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in rates.items())
+          + f"; ours multiplies through {OURS_MATMUL}, TRL through torch", flush=True)
+    print(f"matmul work per step: ours {flops['ours'] / 1e9:.2f} GFLOP, TRL {flops['trl'] / 1e9:.2f} GFLOP; at "
+          f"their own kernels' rates that alone takes ours {flops['ours'] / rate['ours'] * 1e3:.1f} ms "
+          f"({flops['ours'] / rate['ours'] / med['ours']:.0%} of our step), TRL {flops['trl'] / rate['trl'] * 1e3:.1f} ms "
+          f"({flops['trl'] / rate['trl'] / med['trl']:.0%} of its step); lowest ratio without less arithmetic "
+          f"(ours at the fastest rate): {summary['ratio_floor']:.2f}", flush=True)
     return summary
 
 

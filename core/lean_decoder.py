@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from core import gemm
+
 _ARCHS = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # tables depend on the position alone
 _SDPA_ABOVE = 1 << 24  # score elements (n * heads * t * T) above which attention runs through SDPA
@@ -93,7 +95,7 @@ def _projections(mods, copy: bool) -> list[tuple[torch.Tensor, torch.Tensor | No
 def _project(x: torch.Tensor, pairs) -> torch.Tensor:
     """The projections ``pairs`` of ``x [..., in]`` side by side on the last dim (one GEMM when fused)."""
     x2 = x.reshape(-1, x.shape[-1])
-    out = [torch.mm(x2, wt) if b is None else torch.addmm(b, x2, wt) for wt, b in pairs]
+    out = [gemm.linear(x2, wt.t(), b) for wt, b in pairs]
     out = out[0] if len(out) == 1 else torch.cat(out, -1)
     return out.view(*x.shape[:-1], out.shape[-1])
 
@@ -283,7 +285,7 @@ def sdpa_attend(q, k, v, bias, scaling: float) -> torch.Tensor:
 def residual(h: torch.Tensor, x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """``h + x @ wt + b`` (``wt = w^T [in, out]``) with the residual added inside the GEMM (``addmm``):
     ``[..., H]``; safe under autograd (the in-place bias add touches nothing ``addmm``'s backward reads)."""
-    out = torch.addmm(h.reshape(-1, h.shape[-1]), x.reshape(-1, x.shape[-1]), wt).view(h.shape)
+    out = gemm.addmm(h.reshape(-1, h.shape[-1]), x.reshape(-1, x.shape[-1]), wt).view(h.shape)
     return out if b is None else out.add_(b)
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from core import lean_decoder
+from core import gemm, lean_decoder
 from core import packed_backward as PB
 from core.lean_decoder import (attend, attend_with, attention_bias, continuation_bias, position_ids, prompt_bias,
                                prompt_groups, residual, rms_norm, rms_scale, rope_tables)
@@ -105,15 +105,22 @@ def packed_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 @dataclass
 class _Layout:
-    """Which tokens run and where they sit: packed token ``i`` is ``ids[i]`` at slot ``sel[i]`` of the padded
+    """Which tokens run and where they sit: packed token ``i < M`` is ``ids[i]`` at slot ``sel[i]`` of the padded
     layout (``u`` prompts of ``P`` slots, then ``N`` response rows of ``t`` slots attending to their group's
-    prompt, ``group [N]``), rotated by ``cos``/``sin`` ``[M, 1, D]``; ``p_bias``/``r_bias`` are the two blocks'
+    prompt, ``group [N]``), rotated by ``cos``/``sin`` ``[M', 1, D]``; ``p_bias``/``r_bias`` are the two blocks'
     attention masks (:func:`core.lean_decoder.attention_bias`). The packed rows ``rows [K]`` feed the final
     norm and LM head, and scored token ``j`` (response token 0 of every row, its group's last prompt
-    token, then the later response tokens in ``rm`` order) reads row ``which[j]`` of those."""
+    token, then the later response tokens in ``rm`` order) reads row ``which[j]`` of those.
+
+    ``M' >= M`` (:func:`core.gemm.padded_rows`): where oneDNN runs the GEMMs, ``M' - M`` filler tokens
+    (token 0 at position 0) round the packed rows up to a size oneDNN has compiled kernels for. They
+    attend to nothing and nothing attends to them: ``gather [M']`` reads attention outputs (and, in the
+    backward, their gradients) at ``sel`` for real tokens and from an appended zero row for fillers, so
+    a filler's gradient is exactly zero and adds nothing to any parameter's."""
 
     ids: torch.Tensor
     sel: torch.Tensor
+    gather: torch.Tensor
     pad: torch.Tensor  # the padded layout's other slots, the ones no token fills
     u: int
     P: int
@@ -140,14 +147,16 @@ def _layout(model, input_ids, attention_mask, P: int, rm: torch.Tensor) -> _Layo
     sel, pad = runs.nonzero().squeeze(-1), (~runs).nonzero().squeeze(-1)  # [M] slots that run, [S - M] the rest
     Mp = int(pm.sum())  # packed rows [0, Mp) are prompt tokens, [Mp, M) response tokens
     pos = position_ids(attention_mask)  # [N, T]
+    M, S, dtype = len(sel), len(runs), model.model.embed_tokens.weight.dtype
+    fill = gemm.padded_rows(M, dtype, input_ids.device) - M  # filler tokens
     ids = torch.cat([input_ids[first, :P].reshape(-1), input_ids[:, P:T - 1].reshape(-1)])[sel]  # [M]
     tok_pos = torch.cat([pos[first, :P].reshape(-1), pos[:, P:T - 1].reshape(-1)])[sel]  # [M]
-    cos, sin = rope_tables(model, tok_pos[None])  # [1, M, 1, D]
-    M = len(sel)
+    ids, tok_pos = F.pad(ids, (0, fill)), F.pad(tok_pos, (0, fill))  # [M']
+    cos, sin = rope_tables(model, tok_pos[None])  # [1, M', 1, D]
     last = pm.sum(1).cumsum(0) - 1  # [u] packed index of each prompt's last token (left padding)
-    Hq, Hkv, dtype = cfg.num_attention_heads, cfg.num_key_value_heads, model.model.embed_tokens.weight.dtype
+    Hq, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     return _Layout(
-        ids=ids, sel=sel, pad=pad, u=u, P=P, N=N, t=T - P - 1, group=group, cos=cos[0], sin=sin[0],
+        ids=ids, sel=sel, gather=F.pad(sel, (0, fill), value=S), pad=pad, u=u, P=P, N=N, t=T - P - 1, group=group, cos=cos[0], sin=sin[0],
         p_bias=attention_bias(prompt_bias(pm), Hq, Hkv, dtype),  # from [u, 1, 1, P, P]
         r_bias=attention_bias(continuation_bias(pm[group], rm), Hq, Hkv, dtype),  # from [N, 1, 1, t, P + t]
         rows=torch.cat([last, torch.arange(Mp, M, device=ids.device)]),  # [u + Mr]
@@ -166,7 +175,8 @@ def _layout_for(model, input_ids, attention_mask, P: int, rm: torch.Tensor) -> _
     batch) stays alive until another batch replaces it; a critic's layout (other scored slots) is a miss."""
     rot, cfg = model.model.rotary_emb, model.config
     sig = (P, cfg.num_attention_heads, cfg.num_key_value_heads, model.model.embed_tokens.weight.dtype,
-           getattr(rot, "rope_type", None), float(getattr(rot, "attention_scaling", 1.0)), lean_decoder._SDPA_ABOVE)
+           getattr(rot, "rope_type", None), float(getattr(rot, "attention_scaling", 1.0)), lean_decoder._SDPA_ABOVE,
+           gemm.backend())
     data = (input_ids, attention_mask, rm, rot.inv_freq)
     if _LAST:
         (sig0, data0, versions0), lay = _LAST[0]
@@ -222,7 +232,7 @@ def _lm_head(model, hs: torch.Tensor, keep: dict | None = None) -> tuple[torch.T
     """``(final-norm states [K, H], logits [K, V])`` of the hidden states ``hs [K, H]``; ``keep`` as :func:`_norm`
     takes it (key ``"norm"``)."""
     hf = _norm(hs, model.model.norm, keep, "norm")
-    return hf, F.linear(hf, model.lm_head.weight, model.lm_head.bias)
+    return hf, gemm.linear(hf, model.lm_head.weight, model.lm_head.bias)
 
 
 def _log_probs(logits, temperature: float, with_entropy: bool, entropy_grad: bool):
@@ -272,10 +282,10 @@ def _decoder(model, lay: _Layout, saved: list | None = None) -> torch.Tensor:
     cfg, inner = model.config, model.model
     Hq = cfg.num_attention_heads
     D = getattr(cfg, "head_dim", None) or cfg.hidden_size // Hq
-    u, P, N, t, sel, cos, sin = lay.u, lay.P, lay.N, lay.t, lay.sel, lay.cos, lay.sin
+    u, P, N, t, cos, sin = lay.u, lay.P, lay.N, lay.t, lay.cos, lay.sin
     blocks = (u * P, N * t)  # slots of the prompt block, then of the response block
     emb = inner.embed_tokens  # its padding_idx row gets no gradient from the inputs, as in the HF module
-    h = F.embedding(lay.ids, emb.weight, emb.padding_idx)  # [M, H]
+    h = F.embedding(lay.ids, emb.weight, emb.padding_idx)  # [M', H]
     M = h.shape[0]
 
     def padded(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,18 +298,18 @@ def _decoder(model, lay: _Layout, saved: list | None = None) -> torch.Tensor:
         a, mlp = layer.self_attn, layer.mlp
         keep = None if saved is None else {}
         x = _norm(h, layer.input_layernorm, keep, "n1")  # [M, H]
-        q = _rotate(F.linear(x, a.q_proj.weight, a.q_proj.bias).view(M, -1, D), cos, sin)  # [M, Hq, D]
-        k = _rotate(F.linear(x, a.k_proj.weight, a.k_proj.bias).view(M, -1, D), cos, sin)  # [M, Hkv, D]
-        v = F.linear(x, a.v_proj.weight, a.v_proj.bias).view(M, -1, D)  # [M, Hkv, D]
+        q = _rotate(gemm.linear(x, a.q_proj.weight, a.q_proj.bias).view(M, -1, D), cos, sin)  # [M, Hq, D]
+        k = _rotate(gemm.linear(x, a.k_proj.weight, a.k_proj.bias).view(M, -1, D), cos, sin)  # [M, Hkv, D]
+        v = gemm.linear(x, a.v_proj.weight, a.v_proj.bias).view(M, -1, D)  # [M, Hkv, D]
         (q_p, q_r), (k_p, k_r), (v_p, v_r) = padded(q), padded(k), padded(v)
         att = None if saved is None else []
         o_p = _attention(q_p, k_p, v_p, lay.p_bias, a.scaling, saved=att)  # [u, P, Hq D]
         o_r = (q.new_zeros(N, 0, Hq * D) if t == 0 else  # keys: the group's prompt, then the row's own
                _attention(q_r, k_r, v_r, lay.r_bias, a.scaling, k_p[lay.group], v_p[lay.group], saved=att))  # [N, t, Hq D]
-        o = torch.cat([o_p.reshape(blocks[0], Hq * D), o_r.reshape(blocks[1], Hq * D)]).index_select(0, sel)  # [M, Hq D]
+        o = _packed([o_p.reshape(blocks[0], Hq * D), o_r.reshape(blocks[1], Hq * D)], lay)  # [M', Hq D]
         h = residual(h, o, a.o_proj.weight.t(), a.o_proj.bias)  # [M, H]
         x2 = _norm(h, layer.post_attention_layernorm, keep, "n2")
-        gate, up = F.linear(x2, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(x2, mlp.up_proj.weight, mlp.up_proj.bias)
+        gate, up = gemm.linear(x2, mlp.gate_proj.weight, mlp.gate_proj.bias), gemm.linear(x2, mlp.up_proj.weight, mlp.up_proj.bias)
         act_gate = F.silu(gate)  # [M, I]
         act = act_gate * up
         if keep is not None:
@@ -314,7 +324,15 @@ def _to_padded(z: torch.Tensor, lay: _Layout) -> torch.Tensor:
     block): each token at its slot, zeros written on the unused slots alone (a masked key must still be
     finite, or its score is NaN)."""
     full = z.new_empty(lay.u * lay.P + lay.N * lay.t, *z.shape[1:])
-    return full.index_copy_(0, lay.sel, z).index_fill_(0, lay.pad, 0.0)
+    return full.index_copy_(0, lay.sel, z[:len(lay.sel)]).index_fill_(0, lay.pad, 0.0)
+
+
+def _packed(blocks: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
+    """The padded layout's blocks ``[slots, ...]`` (prompt, then response) -> packed rows ``[M', ...]``: each
+    token's slot, and a zero row for each filler (:class:`_Layout`)."""
+    if len(lay.gather) > len(lay.sel):
+        blocks = [*blocks, blocks[0].new_zeros(1, *blocks[0].shape[1:])]
+    return torch.cat(blocks).index_select(0, lay.gather)
 
 
 def _norm(h: torch.Tensor, ln, keep: dict | None, key: str) -> torch.Tensor:
@@ -411,7 +429,7 @@ class _ManualBackward(torch.autograd.Function):
         lm = model.lm_head
         dhf, d_lm, db_lm = PB.linear_backward(dz, hf, lm.weight, lm.bias is not None)  # [K, H]
         dhs, d_norm = PB.rms_norm_backward(dhf, *norm_scale, inner.norm.weight)  # [K, H]
-        dh = dhs.new_zeros(len(lay.sel), dhs.shape[1]).index_add_(0, lay.rows, dhs)  # [M, H]
+        dh = dhs.new_zeros(len(lay.ids), dhs.shape[1]).index_add_(0, lay.rows, dhs)  # [M', H]
         grads = []
         for layer, keep in reversed(list(zip(inner.layers, saved))):
             dh, g = _layer_backward(layer, model.config, lay, keep, dh)
@@ -430,7 +448,7 @@ def _layer_backward(layer, cfg, lay: _Layout, keep: dict, dh: torch.Tensor):
     ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
     Hq, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     D = getattr(cfg, "head_dim", None) or cfg.hidden_size // Hq
-    u, P, N, t, sel, M = lay.u, lay.P, lay.N, lay.t, lay.sel, dh.shape[0]
+    u, P, N, t, M = lay.u, lay.P, lay.N, lay.t, dh.shape[0]
     # MLP: h_out = h2 + down(silu(gate(x2)) * up(x2)), x2 = norm2(h2)
     da, d_down, db_down = PB.linear_backward(dh, keep["act"], mlp.down_proj.weight, mlp.down_proj.bias is not None)
     dgate, dup = PB.swiglu_backward(da, keep["gate"], keep["up"], keep["act_gate"])  # [M, I] x2
@@ -449,8 +467,7 @@ def _layer_backward(layer, cfg, lay: _Layout, keep: dict, dh: torch.Tensor):
         dk_p.index_add_(0, lay.group, dk_rf[:, :P])  # the group's prompt keys/values, read by each of its rows
         dv_p.index_add_(0, lay.group, dv_rf[:, :P])
         blocks.append((dq_r, dk_rf[:, P:], dv_rf[:, P:]))
-    dq, dk, dv = (torch.cat([b[i].reshape(-1, *b[i].shape[2:]) for b in blocks]).index_select(0, sel)
-                  for i in range(3))  # packed [M, heads, D]
+    dq, dk, dv = (_packed([b[i].reshape(-1, *b[i].shape[2:]) for b in blocks], lay) for i in range(3))  # [M', heads, D]
     dq, dk = PB.rope_backward(dq, lay.cos, lay.sin), PB.rope_backward(dk, lay.cos, lay.sin)
     x = keep["x"]
     dx, d_q, db_q = PB.linear_backward(dq.reshape(M, -1), x, a.q_proj.weight, a.q_proj.bias is not None)

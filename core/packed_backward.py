@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from core import gemm
+
 
 def rms_norm_backward(g: torch.Tensor, xh: torch.Tensor, r: torch.Tensor, w: torch.Tensor):
     """``(dx [M, H], dw [H])`` of ``y = w * xh``, ``xh = x r``, ``r = rsqrt(mean(x^2) + eps)`` ``[M, 1]``,
@@ -34,7 +36,7 @@ def rms_norm_backward(g: torch.Tensor, xh: torch.Tensor, r: torch.Tensor, w: tor
 
 def linear_backward(g: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: bool):
     """``(dx [M, in], dw [out, in], db [out] or None)`` of ``y = x w^T + b`` given ``g = dL/dy [M, out]``."""
-    return g @ w, g.t() @ x, (g.sum(0) if bias else None)
+    return gemm.mm(g, w), gemm.mm(g.t(), x), (g.sum(0) if bias else None)
 
 
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor,

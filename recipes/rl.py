@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from core import data as D
-from core import distributed, shaping, validate
+from core import distributed, gemm, shaping, validate
 from core.advantage import AdvantageInput, compute_advantages, value_mask
 from core.checkpoint import load_training_state, save_training_state, seed_everything
 from core.config import FrozenConfig, freeze
@@ -83,6 +83,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     cfg = apply_scale(cfg)
     rank, world = distributed.init()
     seed_everything(int(cfg.seed))
+    gemm.use(str(cfg.cpu_matmul))  # before any model: which kernel multiplies changes float rounding
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
     plan = validate.check_rl(cfg, world_size=world, num_train_rows=len(train_rows))  # before any model
     verifier = get_verifier(cfg.verifier.name)
