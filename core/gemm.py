@@ -7,11 +7,12 @@ CPU has AVX-512. oneDNN, which every x86 torch build also carries, picks its ker
 sets the CPU reports. On an AMD EPYC (Zen 5) host, one thread, the tiny model's shapes: 2.2x MKL's rate
 from 945 rows (``[945, 128] x [128, 512]``: 1,157 vs 2,695 µs), 1.5-2x at a decoding step's 64 rows. A
 oneDNN call has a fixed cost of ~18 µs against MKL's ~3, so products under :data:`ONEDNN_MIN_MACS`
-multiply-adds stay with torch. On Intel CPUs MKL already runs AVX-512 and the two are close.
+multiply-adds stay with torch. On Intel CPUs MKL runs its AVX-512 kernels, so the two should be close
+there (not measured here).
 
 The oneDNN op is ``torch.ops.mkldnn._linear_pointwise``, the one Inductor's CPU backend compiles linear
 layers to; it reads dense weights of any strides. It has no autograd formula, so a GEMM whose result
-autograd would differentiate always goes through torch (:func:`core.packed`'s forward under autograd),
+autograd would differentiate always goes through torch (:mod:`core.packed`'s forward under autograd),
 and the two backends agree to float rounding, not bit for bit (a different summation order). Which one
 runs is the run config's ``cpu_matmul`` (``onednn`` or ``torch``), set before any model is built
 (:func:`use`): a run repeats bit for bit on the same CPU with the same ``cpu_threads`` and ``cpu_matmul``.

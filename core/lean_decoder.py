@@ -13,7 +13,8 @@ of the sampling time. Here a step is the same arithmetic in fewer, larger ops:
   values are never repeated (HF's ``repeat_kv`` copies them): mask + scaled scores in one ``baddbmm``,
   an fp32 softmax, one ``bmm``; large score tensors go to SDPA instead (``_SDPA_ABOVE``);
 - residual adds happen inside the output GEMMs (``addmm``), and a small model's weights are
-  row-major copies (``w^T``), which MKL multiplies faster with the few rows of a decoding step.
+  row-major copies (``w^T``), which MKL multiplies faster with the few rows of a decoding step;
+- every GEMM goes through :mod:`core.gemm` (float32 on CPU: oneDNN where it is faster than MKL).
 
 Exactness: the operations are HF's (RMSNorm in fp32, then the weight; RoPE as
 ``x cos + rotate_half(x) sin``; softmax in fp32; scaling from the attention module), some fused or

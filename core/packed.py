@@ -26,7 +26,8 @@ the no-grad reference / old-policy passes. Under autograd, float32 models run it
 the hand-written backward of :mod:`core.packed_backward` (:class:`_ManualBackward`;
 :func:`manual_backward_reason` says when autograd differentiates it instead). Parameters are read
 per call, and are that node's inputs, so DeepSpeed ZeRO-1/2 and the torch engine see ordinary
-gradients on them.
+gradients on them. The GEMMs that autograd does not differentiate go through :mod:`core.gemm` (oneDNN on
+CPU); for it, the packed rows are rounded up with filler tokens (:class:`_Layout`).
 """
 from __future__ import annotations
 
