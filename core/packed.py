@@ -157,7 +157,8 @@ def _layout(model, input_ids, attention_mask, P: int, rm: torch.Tensor) -> _Layo
     last = pm.sum(1).cumsum(0) - 1  # [u] packed index of each prompt's last token (left padding)
     Hq, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     return _Layout(
-        ids=ids, sel=sel, gather=F.pad(sel, (0, fill), value=S), pad=pad, u=u, P=P, N=N, t=T - P - 1, group=group, cos=cos[0], sin=sin[0],
+        ids=ids, sel=sel, gather=F.pad(sel, (0, fill), value=S), pad=pad, u=u, P=P, N=N, t=T - P - 1, group=group,
+        cos=cos[0], sin=sin[0],
         p_bias=attention_bias(prompt_bias(pm), Hq, Hkv, dtype),  # from [u, 1, 1, P, P]
         r_bias=attention_bias(continuation_bias(pm[group], rm), Hq, Hkv, dtype),  # from [N, 1, 1, t, P + t]
         rows=torch.cat([last, torch.arange(Mp, M, device=ids.device)]),  # [u + Mr]
