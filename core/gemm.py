@@ -75,9 +75,14 @@ def backend() -> str:
     return "onednn" if _ONEDNN else "torch"
 
 
+def _in_force(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether oneDNN takes float32 CPU GEMMs and these activations are such."""
+    return _ONEDNN and dtype == torch.float32 and device.type == "cpu"
+
+
 def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
     """Whether ``x w^T + b`` goes to oneDNN: enabled, float32 on CPU, large enough, and nothing to differentiate."""
-    if not _ONEDNN or x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu":
+    if not _in_force(x.dtype, x.device) or w.dtype != torch.float32:
         return False
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
         return False
@@ -110,8 +115,7 @@ def padded_rows(m: int, dtype: torch.dtype, device: torch.device) -> int:
     """The row count to give ``m`` rows of ``dtype`` activations on ``device`` so that their GEMMs meet
     shapes oneDNN compiled before (:func:`_dnn`): ``m`` rounded up where oneDNN is in force for them, else ``m``.
     The packed forward (:mod:`core.packed`) adds filler tokens up to it rather than have every GEMM pad."""
-    on = _ONEDNN and dtype == torch.float32 and torch.device(device).type == "cpu"
-    return _bucket(m) if on else m
+    return _bucket(m) if _in_force(dtype, torch.device(device)) else m
 
 
 def _zero_padded(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -141,6 +145,7 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def addmm(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``c + a [M, K] @ b [K, N]`` -> ``[M, N]`` (``c`` broadcast to it; under torch one ``addmm``)."""
-    if _onednn(a, b.t(), c):
-        return _dnn(a, b.t(), None).add_(c)
+    w = b.t()  # [N, K]
+    if _onednn(a, w, c):
+        return _dnn(a, w, None).add_(c)
     return torch.addmm(c, a, b)
