@@ -5,10 +5,13 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # CPU wheel of torch; a CUDA machine can override: `make TORCH_SPEC=torch demo`.
 TORCH_SPEC ?= torch==2.13.0
+# The interpreter of `make gpu-smoke`: the project venv, or one that already has CUDA torch and the
+# project's dependencies (`make gpu-smoke SMOKE_PY=python3`: docs/performance.md, "GPU smoke").
+SMOKE_PY ?= $(BIN)/python
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test test-slow test-gpu test-all bench compare clean
+.PHONY: help venv demo test test-slow test-gpu test-all bench gpu-smoke compare clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +42,9 @@ test-all: $(STAMP) ## Run every CPU test, slow ones included
 
 bench: $(STAMP) ## Run the benchmarks (see docs/performance.md)
 	$(BIN)/python -m bench
+
+gpu-smoke: ## On a CUDA machine: a Qwen2.5-0.5B-shaped model through the RL loop (zero none/2/3), packed vs padded in bf16, throughput and MFU
+	$(SMOKE_PY) -m bench.gpu_smoke
 
 compare: $(STAMP) ## Print the results table of finished runs as markdown
 	$(BIN)/python -m recipes.compare

@@ -50,7 +50,7 @@ def _cfg():
 
 
 def _pairs(cfg, tokenizer) -> list[dict]:
-    from core import preference_data as PD
+    from core.data import preferences as PD
 
     train, _, stats = PD.load_pairs(cfg.data)
     return PD.tokenize_pairs(train, tokenizer, cfg.data, MAX_LEN, stats["train"])[: BATCH * (STEPS + WARMUP)]
@@ -67,10 +67,12 @@ class _Sequential:
 
 
 def run_ours() -> dict:
-    from core.checkpoint import seed_everything
-    from core.metrics import MetricsWriter
-    from core.models import load_tokenizer, model_dir
-    from core.zero import build_engine
+    import torch
+
+    from core.models.loading import load_tokenizer, model_dir
+    from core.reporting.metrics import MetricsWriter
+    from core.training.checkpoint import seed_everything
+    from core.training.engine import build_train_engine
     from recipes import rm
 
     cfg = _cfg()
@@ -80,9 +82,10 @@ def run_ours() -> dict:
     tok.padding_side = cfg.train.padding_side
     pairs = _pairs(cfg, tok)
     model = rm.build_model(path, cfg, tok)
-    engine = build_engine(model, cfg.optim, cfg.zero, STEPS + WARMUP, 1, BATCH)
+    cpu = torch.device("cpu")
+    engine = build_train_engine(model, cfg.optim, cfg.zero, STEPS + WARMUP, 1, BATCH, cpu)
     run = rm.Run(cfg, None, {"world": 1, "grad_accum": 1, "total_steps": STEPS + WARMUP}, pairs, [], {}, tok,
-                 engine, _Sequential(), MetricsWriter(".", enabled=False))
+                 cpu, engine, _Sequential(), MetricsWriter(".", enabled=False))
     rss0, times = _rss_mb(), []
     for _ in range(STEPS + WARMUP):
         t0 = time.perf_counter()
@@ -98,9 +101,9 @@ def run_trl() -> dict:
     from transformers import TrainerCallback
     from trl import RewardConfig, RewardTrainer
 
-    from core import reward_model as RM
-    from core.checkpoint import seed_everything
-    from core.models import load_tokenizer, model_dir
+    from core.models import reward_model as RM
+    from core.training.checkpoint import seed_everything
+    from core.models.loading import load_tokenizer, model_dir
 
     cfg = _cfg()
     seed_everything(SEED)

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from core.paths import PROJECT_ROOT
-from core.results import markdown_table, read_rows
+from core.reporting.results import markdown_table, read_rows
 
 _FIRST = ["recipe", "scale", "seed", "steps", "eval_before", "eval_after", "train_seconds", "finished"]
 _LAST = ["overrides", "run_dir"]

@@ -6,15 +6,18 @@ compute advantages, then take PPO-style optimiser steps over mini-batches of the
 accumulated from micro-batches; the critic steps alongside. Everything algorithmic is a registry
 lookup in ``core/`` (docs/algorithms.md).
 
-Data parallel under ``torchrun`` (``core/distributed.py``): every rank draws the same prompts and
+Data parallel under ``torchrun`` (``core/training/distributed.py``): every rank draws the same prompts and
 keeps its share of them (whole groups), samples, scores and shapes its rows with its own RNG stream,
 and trains on them; what crosses ranks is what the sources reduce: gradients (the engine), token
 counts of an optimiser step (``token_mean_global``), batch-scope statistics (``std: batch``, global
 whitening), the adaptive KL's input, evaluation counts and the logged metrics. Rank 0 writes.
+
+Placement (``core/training/device.py``): one device per rank, resolved before any model is built, holds
+the policy, reference, critic and every tensor of a step; ``model.dtype=bfloat16`` trains in bf16 with
+fp32 master weights. Under ZeRO-3 every model is built partitioned (``core.training.engine.model_init``).
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -27,22 +30,25 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from core import data as D
-from core import distributed, gemm, shaping, validate
-from core.advantage import AdvantageInput, compute_advantages, value_mask
-from core.checkpoint import load_training_state, save_training_state, seed_everything
-from core.config import FrozenConfig, freeze
-from core.kl_control import KLController
-from core.loss import AGGREGATIONS, AggContext, LossInput, compute_policy_loss, kl_penalty, masked_mean
-from core.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
-from core.models import load_causal_lm, load_tokenizer, model_dir
-from core.policy import chunked_logprobs, response_logprobs
-from core.results import append_row
-from core.rollout import Rollout, Sampling, build_engine
-from core.scale import apply_scale
-from core.sft import warm_started_dir
-from core.value import chunked_values, load_critic, token_values, value_loss
-from core.zero import build_engine as build_optim_engine
+from core.algorithms import shaping
+from core.algorithms.advantage import AdvantageInput, compute_advantages, value_mask
+from core.algorithms.kl_control import KLController
+from core.algorithms.loss import AGGREGATIONS, AggContext, LossInput, compute_policy_loss, kl_penalty, masked_mean
+from core.config import validate
+from core.config.frozen import FrozenConfig, freeze
+from core.config.scale import apply_scale
+from core.data import prompts as D
+from core.models.critic import chunked_values, load_critic, token_values, value_loss
+from core.models.loading import load_causal_lm, load_tokenizer, model_dir
+from core.models.logprobs import chunked_logprobs, response_logprobs
+from core.models.warm_start import warm_started_dir
+from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
+from core.reporting.results import append_row
+from core.rollout import RolloutBatch, Sampling, build_rollout
+from core.training import distributed
+from core.training.checkpoint import atomic_dir, load_training_state, save_training_state, seed_everything
+from core.training.device import check_precision, resolve_device
+from core.training.engine import FrozenModel, build_train_engine, model_init
 from verifiers import get_verifier
 
 log = logging.getLogger(__name__)
@@ -58,15 +64,15 @@ class Run:
     train_ids: list
     eval_ids: list
     tokenizer: object
+    device: torch.device
     engine: object
-    ref: object
+    ref: FrozenModel | None
     rollout: object
     verifier: object
     sampler: D.PromptSampler
     writer: MetricsWriter
     critic: object = None  # optimiser engine of the value model (advantage.critic), else None
     kl_ctl: KLController | None = None
-    share_prompt: bool = True  # shared-prompt forwards; off under ZeRO-3 across ranks (core/policy.py)
     step: int = 0
     history: dict = field(default_factory=dict)
 
@@ -81,9 +87,10 @@ def main(cfg, run_dir: str | None = None) -> float:
 
 def setup(cfg, run_dir: str | None = None) -> Run:
     cfg = apply_scale(cfg)
-    rank, world = distributed.init()
+    device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
+    dtype = check_precision(cfg.model.dtype, device)
+    rank, world = distributed.init(device)
     seed_everything(int(cfg.seed))
-    gemm.use(str(cfg.cpu_matmul))  # before any model: which kernel multiplies changes float rounding
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
     plan = validate.check_rl(cfg, world_size=world, num_train_rows=len(train_rows))  # before any model
     verifier = get_verifier(cfg.verifier.name)
@@ -92,25 +99,29 @@ def setup(cfg, run_dir: str | None = None) -> Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     distributed.barrier()
-    cfg = freeze(cfg)  # validated and saved: plain read-only containers from here (core/config.py)
+    cfg = freeze(cfg)  # validated and saved: plain read-only containers from here (core/config/frozen.py)
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     train_ids = [D.tokenize_prompt(r["prompt"], cfg.data, tokenizer) for r in train_rows]
     eval_ids = [D.tokenize_prompt(r["prompt"], cfg.data, tokenizer) for r in eval_rows]
     if int(cfg.train.warm_start.steps) > 0:
-        path = str(warm_started_dir(path, cfg.model, cfg.train.warm_start, train_ids,
-                                    [r["answer"] for r in train_rows]))
-    model = load_causal_lm(path, cfg.model)
-    ref = _frozen_copy(model) if _wants_reference(cfg.kl) else None  # beta = 0: no reference at all
+        answers = [r["answer"] for r in train_rows]
+        path = str(warm_started_dir(path, cfg.model, cfg.train.warm_start, train_ids, answers, device, verifier,
+                                    int(cfg.rollout.max_new_tokens)))
     total_updates = int(cfg.train.total_steps) * plan["optimizer_steps_per_rl_step"]
-    engine = build_optim_engine(model, cfg.optim, cfg.zero, total_updates, plan["grad_accum"],
-                                int(cfg.train.micro_batch_size))
-    run = Run(cfg, run_dir, plan, train_rows, eval_rows, train_ids, eval_ids, tokenizer, engine, ref,
-              build_engine(cfg.rollout.engine, engine.module, tokenizer, cfg.rollout), verifier,
+    with model_init(cfg.zero, dtype):  # ZeRO-3: every weight partitioned as it loads
+        policy = load_causal_lm(path, cfg.model)
+        ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
+        critic = load_critic(path, cfg.advantage.critic, cfg.model) if cfg.advantage.get("critic") else None
+    engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)
+    if critic is not None:
+        critic = _train_engine(critic, cfg, _critic_optim(cfg), total_updates, plan, device)
+    run = Run(cfg, run_dir, plan, train_rows, eval_rows, train_ids, eval_ids, tokenizer, device, engine,
+              FrozenModel(ref, cfg.zero, device) if ref is not None else None,
+              build_rollout(cfg.rollout.engine, engine.module, tokenizer, cfg.rollout), verifier,
               D.PromptSampler(len(train_rows), int(cfg.train.prompts_per_step), int(cfg.seed)),
               MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main()),
-              critic=_build_critic(cfg, path, total_updates, plan), kl_ctl=KLController(cfg.kl),
-              share_prompt=not (world > 1 and int(cfg.zero.stage) == 3))
+              critic=critic, kl_ctl=KLController(cfg.kl))
     if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
         seed_everything(int(cfg.seed) + 1_000_003 * rank)
     _maybe_resume(run)
@@ -123,21 +134,15 @@ def _wants_reference(kl_cfg) -> bool:
     return float(kl_cfg.coef) > 0 if ref == "auto" else bool(ref)
 
 
-def _build_critic(cfg, policy_path: str, total_updates: int, plan: dict):
-    """The value model's own optimiser engine (``advantage.critic``; its own LR), or None."""
-    critic_cfg = cfg.advantage.get("critic")
-    if not critic_cfg:
-        return None
-    optim = FrozenConfig({**cfg.optim, "optimizer": FrozenConfig({**cfg.optim.optimizer, "lr": float(critic_cfg.lr)})})
-    return build_optim_engine(load_critic(policy_path, critic_cfg, cfg.model), optim, cfg.zero, total_updates,
-                              plan["grad_accum"], int(cfg.train.micro_batch_size))
+def _train_engine(model, cfg, optim_cfg, total_updates: int, plan: dict, device: torch.device):
+    return build_train_engine(model, optim_cfg, cfg.zero, total_updates, plan["grad_accum"],
+                              int(cfg.train.micro_batch_size), device)
 
 
-def _frozen_copy(model):
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
+def _critic_optim(cfg) -> FrozenConfig:
+    """The policy's optimiser settings with the critic's own learning rate (``advantage.critic.lr``)."""
+    lr = float(cfg.advantage.critic.lr)
+    return FrozenConfig({**cfg.optim, "optimizer": FrozenConfig({**cfg.optim.optimizer, "lr": lr})})
 
 
 def _maybe_resume(run: Run) -> None:
@@ -201,12 +206,12 @@ def rl_step(run: Run) -> dict:
     rows = [run.train_rows[i] for i in idx for _ in range(G)]  # group-major: G consecutive rows per prompt
     with timer.phase("sync"):
         run.rollout.sync_weights(run.engine.module)  # no-op in-process; vLLM gets the new weights
-    with timer.phase("generate"), run.engine.gathered():
+    with timer.phase("generate"), run.engine.gathered(bool(cfg.rollout.gather_for_generation)):
         roll = run.rollout.generate([run.train_ids[i] for i in idx for _ in range(G)],
                                     Sampling.from_cfg(cfg.rollout))
     with timer.phase("verify"):
         raw, valid = score(run, roll, rows)  # [N], [N]
-    stopped = torch.tensor([r == "stop" for r in roll.finish_reason])  # [N]
+    stopped = roll.stopped  # [N]
     # None rewards per train.shaping.none_reward, then the score-level shaping
     scores, mask = shaping.shape(raw, valid, roll.response_mask, stopped, int(cfg.rollout.max_new_tokens),
                                  cfg.train.shaping)  # [N], [N, R]
@@ -224,28 +229,31 @@ def rl_step(run: Run) -> dict:
     raw, scores, lengths, stopped = (distributed.gather_rows(x.float()) for x in
                                      (raw, scores, roll.response_lengths, stopped))
     valid = distributed.gather_rows(valid.float()).bool()
+    tokens = distributed.all_sum(torch.stack([roll.response_mask.sum(), roll.attention_mask.sum()]).double())
     return {
         "reward/mean": raw[valid].mean().item(), "reward/std": raw[valid].std().item() if valid.sum() > 1 else 0.0,
         "reward/shaped_mean": scores[valid].mean().item(),
         "reward/skipped": int((~valid).sum()), "accuracy": (raw[valid] > 0).float().mean().item(),
         "length/mean": lengths.mean().item(), "length/max": lengths.max().item(),
         "length/truncated_frac": 1.0 - stopped.float().mean().item(), "kl/beta": beta,
-        **kl_metrics, **upd, **distributed.mean_metrics(timer.pop()), "memory/peak_mb": peak_memory_mb(),
+        "tokens/generated": tokens[0].item(), "tokens/total": tokens[1].item(), **kl_metrics, **upd,
+        **distributed.mean_metrics(timer.pop()), "memory/peak_mb": peak_memory_mb(),
     }
 
 
-def score(run: Run, roll: Rollout, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verifier rewards ``[N]`` and a validity mask ``[N]`` (False where the verifier said None)."""
+def score(run: Run, roll: RolloutBatch, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verifier rewards ``[N]`` and a validity mask ``[N]`` (False where the verifier said None), on the
+    run's device."""
     texts = decode_responses(run.tokenizer, roll)
     cols = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
     rewards = run.verifier(texts, **cols, **run.cfg.verifier.get("kwargs", {}))
-    valid = torch.tensor([r is not None for r in rewards])
-    return torch.tensor([0.0 if r is None else float(r) for r in rewards]), valid
+    valid = torch.tensor([r is not None for r in rewards], device=run.device)
+    return torch.tensor([0.0 if r is None else float(r) for r in rewards], device=run.device), valid
 
 
-def decode_responses(tokenizer, roll: Rollout) -> list[str]:
+def decode_responses(tokenizer, roll: RolloutBatch) -> list[str]:
     ids = roll.response_ids.masked_fill(roll.response_mask == 0, tokenizer.pad_token_id)
-    return tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
 
 
 @dataclass
@@ -258,7 +266,7 @@ class Forwards:
     rollout: torch.Tensor  # sampler log-probs (the IS correction's denominator)
 
 
-def rollout_forwards(run: Run, roll: Rollout) -> Forwards:
+def rollout_forwards(run: Run, roll: RolloutBatch) -> Forwards:
     """Old-policy log-probs only when something needs them: several optimiser steps per rollout, an IS
     correction, or KL in the reward. Otherwise the policy has not moved at the first (only) step, so
     ``old = current.detach()`` exactly, as TRL does. Reference and critic forwards when those exist.
@@ -269,11 +277,11 @@ def rollout_forwards(run: Run, roll: Rollout) -> Forwards:
     is_mode = (cfg.loss.get("is_correction") or {}).get("mode", "none")
     need_old = (run.plan["optimizer_steps_per_rl_step"] > 1 or is_mode != "none"
                 or (run.ref is not None and cfg.kl.placement == "reward"))
-    fast = {"lean": bool(cfg.rollout.lean_forward), "packing": bool(cfg.train.packing)}
+    packing = cfg.train.packing
     return Forwards(
-        old=chunked_logprobs(run.engine.module, *args, temp, mb, run.share_prompt, **fast) if need_old else None,
-        ref=chunked_logprobs(run.ref, *args, temp, mb, run.share_prompt, **fast) if run.ref is not None else None,
-        values=chunked_values(run.critic.module, *args, mb, fast["packing"]) if run.critic is not None else None,
+        old=chunked_logprobs(run.engine.module, *args, temp, mb, packing) if need_old else None,
+        ref=chunked_logprobs(run.ref.module, *args, temp, mb, packing) if run.ref is not None else None,
+        values=chunked_values(run.critic.module, *args, mb, packing) if run.critic is not None else None,
         rollout=roll.logprobs,
     )
 
@@ -288,7 +296,7 @@ def in_reward_kl(run: Run, fw: Forwards, mask) -> tuple[torch.Tensor | None, dic
     return -run.kl_ctl.beta * kl, {"kl_reward": (sums[0] / sums[1].clamp(min=1)).item()}
 
 
-def update(run: Run, roll: Rollout, mask, adv, ret, fw: Forwards) -> dict:
+def update(run: Run, roll: RolloutBatch, mask, adv, ret, fw: Forwards) -> dict:
     """``ppo_epochs`` passes of mini-batch optimiser steps, each from ``grad_accum`` micro-batches;
     the critic (if any) steps alongside the policy on the same micro-batches (Open-Instruct PPO)."""
     t = run.cfg.train
@@ -317,21 +325,20 @@ def epoch_order(run: Run, n: int, epoch: int) -> torch.Tensor:
     step, epoch), so the global RNG stream is untouched and a resumed run draws the same order (each
     learner permutes its local samples, as Open-Instruct does)."""
     if not run.cfg.train.get("shuffle_mini_batches", False):
-        return torch.arange(n)  # [n]
+        return torch.arange(n, device=run.device)  # [n]
     seed = int(run.cfg.seed) * 1_000_003 + run.step * 1_009 + epoch + 7_919 * distributed.rank()
     gen = torch.Generator().manual_seed(seed)
-    return torch.randperm(n, generator=gen)  # [n]
+    return torch.randperm(n, generator=gen).to(run.device)  # [n]
 
 
-def micro_step(run: Run, roll: Rollout, sl: torch.Tensor, mask, adv, ret, fw: Forwards, agg: AggContext) -> dict:
+def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, fw: Forwards, agg: AggContext) -> dict:
     """Forward, loss and backward of one micro-batch (rows ``sl``) for the policy and, if present, the
     critic."""
     cfg, engine = run.cfg, run.engine
     temp = float(cfg.rollout.temperature) or 1.0
     ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
     lp, ent = engine.forward(response_logprobs, ids, am, P, temp, with_entropy=True,
-                             entropy_grad=bool(cfg.loss.get("entropy_coef")), share_prompt=run.share_prompt,
-                             packing=bool(cfg.train.packing))
+                             entropy_grad=bool(cfg.loss.get("entropy_coef")), packing=cfg.train.packing)
     inp = LossInput(lp, fw.old[sl] if fw.old is not None else lp.detach(), adv[sl], mask[sl],
                     fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
     loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)
@@ -339,7 +346,7 @@ def micro_step(run: Run, roll: Rollout, sl: torch.Tensor, mask, adv, ret, fw: Fo
     metrics["loss"] = loss.item() * agg.num_micro_batches
     if run.critic is not None:
         c = cfg.advantage.critic
-        v = run.critic.forward(token_values, ids, am, P, bool(cfg.train.packing))  # [n, R]
+        v = run.critic.forward(token_values, ids, am, P, cfg.train.packing)  # [n, R]
         vmask = value_mask(mask[sl], cfg.advantage)  # [n, R] where the returns live
         per_token = value_loss(v, fw.values[sl], ret[sl], c.get("clip"))  # [n, R]
         vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, vmask, agg)
@@ -366,9 +373,11 @@ def evaluate(run: Run) -> float:
     rows, ids = run.eval_rows[:n][share], run.eval_ids[:n][share]
     counts = torch.zeros(2, dtype=torch.float64)  # [correct, scored]
     run.rollout.sync_weights(run.engine.module)
-    with run.engine.gathered():  # collective under ZeRO-3: every rank enters, rows or not
+    gather = bool(run.cfg.rollout.gather_for_generation)
+    with run.engine.gathered(gather):  # collective under ZeRO-3: every rank enters, rows or not
+        if rows or not gather:  # ungathered ZeRO-3 forwards are collective: a rank with no rows decodes one anyway
+            roll = run.rollout.generate(ids or run.eval_ids[:1], Sampling.from_cfg(run.cfg.rollout, greedy=True))
         if rows:
-            roll = run.rollout.generate(ids, Sampling.from_cfg(run.cfg.rollout, greedy=True))
             scores, valid = score(run, roll, rows)
             counts += torch.tensor([float(((scores > 0) & valid).sum()), float(valid.sum())], dtype=torch.float64)
     correct, scored = distributed.all_sum(counts).tolist()
@@ -377,7 +386,7 @@ def evaluate(run: Run) -> float:
 
 def save(run: Run) -> float:
     """Final Hugging Face checkpoint (atomic) and one summary row in the results table."""
-    from core.checkpoint import atomic_dir
+    from core.training.checkpoint import atomic_dir
 
     with atomic_dir(run.run_dir / "model") as tmp:  # collective: ZeRO-3 gathers, rank 0 writes
         run.engine.save_pretrained(tmp, run.tokenizer)

@@ -18,15 +18,17 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from core import preference_data as PD
-from core import reward_model as RM
-from core.checkpoint import atomic_dir, load_training_state, save_training_state, seed_everything
-from core.data import DataError, PromptSampler
-from core.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
-from core.models import load_tokenizer, model_dir
-from core.results import append_row
-from core.scale import apply_scale
-from core.zero import build_engine
+from core.config.scale import apply_scale
+from core.data import preferences as PD
+from core.data.prompts import DataError, PromptSampler
+from core.models import reward_model as RM
+from core.models.loading import load_tokenizer, model_dir
+from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
+from core.reporting.results import append_row
+from core.training import distributed
+from core.training.checkpoint import atomic_dir, load_training_state, save_training_state, seed_everything
+from core.training.device import check_precision, resolve_device
+from core.training.engine import build_train_engine, model_init
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Run:
     eval_pairs: list
     data_stats: dict
     tokenizer: object
+    device: torch.device
     engine: object
     sampler: PromptSampler
     writer: MetricsWriter
@@ -54,6 +57,9 @@ def main(cfg) -> float:
 
 def setup(cfg) -> Run:
     cfg = apply_scale(cfg)
+    device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
+    dtype = check_precision(cfg.model.dtype, device)
+    distributed.init(device)
     seed_everything(int(cfg.seed))
     train_rows, eval_rows, stats = PD.load_pairs(cfg.data)  # text checks: before any model
     plan_batches(cfg.train, len(train_rows))
@@ -69,10 +75,11 @@ def setup(cfg) -> Run:
     train_pairs = PD.tokenize_pairs(train_rows, tokenizer, cfg.data, max_len, stats["train"])
     eval_pairs = PD.tokenize_pairs(eval_rows, tokenizer, cfg.data, max_len, stats["eval"])
     plan = plan_batches(cfg.train, len(train_pairs))  # again: length filters may have dropped pairs
-    model = build_model(path, cfg, tokenizer)
-    engine = build_engine(model, cfg.optim, cfg.zero, plan["total_steps"], plan["grad_accum"],
-                          int(cfg.train.micro_batch_size))
-    run = Run(cfg, run_dir, plan, train_pairs, eval_pairs, stats, tokenizer, engine,
+    with model_init(cfg.zero, dtype):  # ZeRO-3: every weight partitioned as it loads
+        model = build_model(path, cfg, tokenizer)
+    engine = build_train_engine(model, cfg.optim, cfg.zero, plan["total_steps"], plan["grad_accum"],
+                                int(cfg.train.micro_batch_size), device)
+    run = Run(cfg, run_dir, plan, train_pairs, eval_pairs, stats, tokenizer, device, engine,
               PromptSampler(len(train_pairs), int(cfg.train.batch_size), int(cfg.seed)),
               MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard)))
     _maybe_resume(run)
@@ -81,7 +88,7 @@ def setup(cfg) -> Run:
 
 def plan_batches(t, num_pairs: int) -> dict:
     """Optimiser steps and accumulation from the global batch; clear errors before any model."""
-    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    world = distributed.world()
     batch, micro = int(t.batch_size), int(t.micro_batch_size)
     if batch % (micro * world):
         raise ValueError(f"train.batch_size={batch} is not a multiple of micro_batch_size x world "
@@ -141,16 +148,18 @@ def train(run: Run) -> None:
 
 
 def make_batch(run: Run, pairs: list[dict]) -> dict:
+    """The pairs' tensors on the run's device, packed into one row or padded (``train.packing``)."""
     if run.cfg.train.packing:
-        return RM.packed_batch(pairs)
-    return RM.pair_batch(pairs, run.tokenizer.pad_token_id, run.cfg.train.padding_side)
+        batch = RM.packed_batch(pairs)
+    else:
+        batch = RM.pair_batch(pairs, run.tokenizer.pad_token_id, run.cfg.train.padding_side)
+    return {k: v.to(run.device) for k, v in batch.items()}
 
 
 def rm_step(run: Run) -> dict:
     """One optimiser step over ``batch_size`` pairs, accumulated from micro-batches."""
     t, engine, timer = run.cfg.train, run.engine, PhaseTimer()
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    idx = run.sampler.next()[rank::run.plan["world"]]
+    idx = run.sampler.next()[distributed.rank()::run.plan["world"]]
     micro, accum = int(t.micro_batch_size), run.plan["grad_accum"]
     sums = {}
     with timer.phase("update"):

@@ -37,12 +37,9 @@ def run(cfg: DictConfig) -> float | None:
 
 def _quiet() -> None:
     """Keep the console to our own progress bar and summary: no per-load bars or backend banners."""
-    import torch
     import transformers
     from huggingface_hub.utils import disable_progress_bars
 
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator, silently
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     disable_progress_bars()
@@ -50,12 +47,19 @@ def _quiet() -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    from core.runtime import keep_freed_memory, set_cpu_threads
-
     _quiet()
-    keep_freed_memory()  # glibc keeps freed activations mapped: no page faults per step (core/runtime.py)
     set_cpu_threads(int(cfg.cpu_threads))
     return run(cfg)
+
+
+def set_cpu_threads(n: int) -> None:
+    """``torch.set_num_threads(n)`` for ``n > 0`` (config ``cpu_threads``); 0 leaves torch's default."""
+    if n < 0:
+        raise ValueError(f"cpu_threads={n}: expected 0 (torch's default) or a positive thread count")
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num
 
 
 def tiny_model(arch: str = "qwen2", seed: int = 0):
-    from core.models import load_causal_lm, load_tokenizer, model_dir
+    from core.models.loading import load_causal_lm, load_tokenizer, model_dir
 
-    cfg = OmegaConf.create({"name_or_path": None, "arch": arch, "tiny": TINY, "init_seed": seed})
+    cfg = OmegaConf.create({"name_or_path": None, "arch": arch, "tiny": TINY, "init_seed": seed, "dtype": "float32"})
     path = model_dir(cfg)
     return load_causal_lm(path, cfg), load_tokenizer(path)
 
@@ -26,7 +26,8 @@ def tiny_model(arch: str = "qwen2", seed: int = 0):
 # Small, fast settings for end-to-end runs of the real CLI.
 FAST = ["logger.progress=false", "logger.tensorboard=false", "train.total_steps=2", "train.prompts_per_step=4",
         "train.group_size=4", "train.mini_batch_size=16", "train.micro_batch_size=8", "train.eval_prompts=8",
-        "train.warm_start.steps=5", "data.generator.num_train=64", "data.generator.num_eval=8",
+        "train.warm_start.steps=5", "train.warm_start.holdout=8", "data.generator.num_train=64",
+        "data.generator.num_eval=8",
         "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64"]
 
 

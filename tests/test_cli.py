@@ -87,6 +87,13 @@ def test_compare_prints_a_markdown_row_per_run(straight_run, capsys):
     (["train.prompts_per_step=100", "train.mini_batch_size=400"], "larger than the training set (64 rows"),
     (["data.source=file", "data.path=/nonexistent/train.jsonl"], "data file not found: /nonexistent/train.jsonl"),
     (["advantage.name=nope"], "advantage.name='nope' is not registered"),
+    (["train.packing=maybe"], "train.packing='maybe'; choose one of auto, true, false"),
+    (["model.dtype=float16"], "model.dtype=float16: fp16 training needs loss scaling"),
+    (["model.dtype=nope"], "model.dtype='nope': expected one of ['bfloat16', 'float32']"),
+    (["device=tpu"], "device='tpu': expected auto, cpu, cuda or cuda:N"),
+    pytest.param(["device=cuda"], "device=cuda: no CUDA device is available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+    (["zero=stage3"], "train.warm_start.steps=5 with zero.stage=3: the warm start trains a full copy"),
 ])
 def test_bad_input_fails_before_any_model_is_built(tmp_path, overrides, message):
     proc = run_cli(tmp_path, *FAST, *overrides, "model.init_seed=987654")
@@ -98,7 +105,7 @@ def test_bad_input_fails_before_any_model_is_built(tmp_path, overrides, message)
 
 def test_tiny_scale_shrinks_the_recipe_and_runs(tmp_path):
     proc = run_cli(tmp_path, "scale=tiny", "logger.progress=false", "logger.tensorboard=false",
-                   "train.warm_start.steps=5")
+                   "train.warm_start.steps=5", "train.warm_start.holdout=8")
     assert proc.returncode == 0, proc.stderr[-3000:]
     cfg = (tmp_path / "run" / "config.yaml").read_text()
     assert "prompts_per_step: 4" in cfg and "total_steps: 2" in cfg and "hidden_size: 32" in cfg

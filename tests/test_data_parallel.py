@@ -1,5 +1,5 @@
 """The RL loop data-parallel under torchrun (2 CPU ranks over gloo): the same global batch split over
-ranks trains the same model as one process, with the plain torch engine and DeepSpeed ZeRO-2/3."""
+ranks trains the same model as one process, with the plain torch engine (DDP) and DeepSpeed ZeRO-2/3."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,13 @@ import pytest
 
 from tests.helpers import results, run_cli
 
-# Greedy rollouts make the completions independent of each rank's sampling RNG; REINFORCE++ with global
-# whitening and the step-level token mean make every cross-rank reduction matter to the gradient.
+# Greedy rollouts make the completions independent of each rank's sampling RNG; a reward of the gold answer
+# alone makes rewards differ across the batch on any machine (so the gradient is not zero by accident of
+# one CPU's rounding); REINFORCE++ with global whitening and the step-level token mean make every
+# cross-rank reduction matter to the gradient.
 SAME = ["scale=tiny", "logger.progress=false", "logger.tensorboard=false", "train.eval_prompts=16",
-        "advantage=reinforce_pp", "kl=k1", "rollout.temperature=0", "loss.aggregation=token_mean_global"]
+        "train.warm_start.steps=0", "verifier.name=tests.stub_rewards:gold_parity", "advantage=reinforce_pp",
+        "kl=k1", "rollout.temperature=0", "loss.aggregation=token_mean_global"]
 
 
 def _run(tmp: Path, nproc: int, *overrides: str):
@@ -31,15 +34,19 @@ def one_process(tmp_path_factory):
     return _rows(tmp)
 
 
+# stage 3 partitions every parameter (DeepSpeed keeps those under 1e5 elements whole by default: all of a tiny model's)
+STAGE3 = "zero=stage3 +zero.options.stage3_param_persistence_threshold=0"
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("zero", ["none", "stage2", "stage3"])
+@pytest.mark.parametrize("zero", ["zero=none", "zero=stage2", STAGE3, f"{STAGE3} rollout.gather_for_generation=false"])
 def test_two_ranks_train_like_one_process(one_process, tmp_path, zero):
-    _run(tmp_path, 2, *SAME, f"zero={zero}")
+    _run(tmp_path, 2, *SAME, *zero.split())
     rows = _rows(tmp_path)
     steps = [r for r in rows if "grad_norm" in r]
     want = [r for r in one_process if "grad_norm" in r]
     assert [r["step"] for r in steps] == [1, 2]  # rank 0 alone logs
-    assert want[0]["grad_norm"] > 0
+    assert 0 < want[0]["reward/mean"] < 1 and want[0]["grad_norm"] > 0  # rewards differ: a real gradient
     for got, ref in zip(steps, want):
         assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)
         assert got["reward/mean"] == ref["reward/mean"]  # the whole step's rows, gathered for logging
@@ -52,7 +59,7 @@ def test_two_ranks_train_like_one_process(one_process, tmp_path, zero):
 @pytest.mark.distributed
 def test_two_rank_checkpoint_resumes(tmp_path):
     common = ["scale=tiny", "logger.progress=false", "logger.tensorboard=false", "train.eval_prompts=8",
-              "train.checkpoint_every=1", "zero=stage2"]
+              "train.warm_start.steps=0", "train.checkpoint_every=1", "zero=stage2"]
     _run(tmp_path, 2, *common, "train.total_steps=1")
     ckpt = tmp_path / "run" / "checkpoint"
     assert (ckpt / "rng.pt").exists() and (ckpt / "rng.rank1.pt").exists()  # each rank's RNG stream

@@ -7,8 +7,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from core.advantage import ADVANTAGES, AdvantageInput
-from core.loss import AggContext, LossInput, compute_policy_loss
+from core.algorithms.advantage import ADVANTAGES, AdvantageInput
+from core.algorithms.loss import AggContext, LossInput, compute_policy_loss
 
 ADV_CFG = OmegaConf.create({"name": "grpo", "std": "group", "unbiased_std": True, "eps": 1e-4})
 LOSS_CFG = OmegaConf.create({"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,

@@ -1,12 +1,14 @@
-"""The HF rollout engine: shapes, masks, EOS handling, log-probs against a separate forward pass."""
+"""The HF rollout engine: shapes, masks, EOS handling, log-probs against a separate forward pass, and the
+sampling distribution the recipe asks for whatever the checkpoint's generation_config.json says."""
 from __future__ import annotations
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from core.policy import response_logprobs
-from core.rollout import Sampling, assemble, build_engine, concat_rollouts, left_pad, response_mask_from_ids
+from core.models.logprobs import response_logprobs
+from core.rollout import Sampling, build_rollout
+from core.rollout.batch import assemble, concat_rollouts, left_pad, response_mask_from_ids
 from tests.helpers import tiny_model
 
 
@@ -21,7 +23,7 @@ def _prompts(tok):
 
 
 def _engine(model, tok, **kw):
-    return build_engine("hf", model, tok, OmegaConf.create({"generation_batch_size": 0, **kw}))
+    return build_rollout("hf", model, tok, OmegaConf.create({"generation_batch_size": 0, **kw}))
 
 
 def test_response_mask_stops_after_first_eos():
@@ -112,4 +114,21 @@ def test_concat_rollouts_repads_both_sides(model_tok):
 def test_unknown_engine_lists_names(model_tok):
     model, tok = model_tok
     with pytest.raises(KeyError, match="hf"):
-        build_engine("nope", model, tok, OmegaConf.create({}))
+        build_rollout("nope", model, tok, OmegaConf.create({}))
+
+
+def test_the_checkpoints_generation_defaults_do_not_leak_in(model_tok):
+    """A checkpoint's generation_config.json (Qwen2.5-Instruct: top_k 20, top_p 0.8, repetition_penalty
+    1.05) must not change the recipe's sampling: the same draws with and without such defaults."""
+    model, tok = model_tok
+    outs = []
+    for defaults in ({}, {"top_k": 2, "top_p": 0.5, "repetition_penalty": 3.0, "temperature": 0.1}):
+        saved = model.generation_config
+        model.generation_config = type(saved)(**{**saved.to_dict(), **defaults})
+        try:
+            torch.manual_seed(7)
+            outs.append(_engine(model, tok).generate(_prompts(tok) * 2, Sampling(max_new_tokens=10, temperature=1.0)))
+        finally:
+            model.generation_config = saved
+    assert torch.equal(outs[0].input_ids, outs[1].input_ids)
+    assert torch.equal(outs[0].logprobs, outs[1].logprobs)

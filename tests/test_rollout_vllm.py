@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from core.rollout_vllm import _chosen_logprob, _to_rollout
+from core.rollout.vllm import _chosen_logprob, _to_rollout
 
 
 def test_vllm_outputs_become_a_rollout_with_the_shared_layout():
@@ -29,19 +29,19 @@ def test_chosen_logprob_reads_the_sampled_token():
 @pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
                     reason="needs a CUDA GPU and the gpu extra (vllm)")
 def test_vllm_greedy_matches_hf_greedy_and_logprobs_match_a_forward():
-    from core.policy import response_logprobs
-    from core.rollout import Sampling, build_engine
+    from core.models.logprobs import response_logprobs
+    from core.rollout import Sampling, build_rollout
     from tests.helpers import tiny_model
 
     model, tok = tiny_model()
     model = model.cuda()
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["1+2=", "10+20=", "99+1="]]
     sp = Sampling(max_new_tokens=8, temperature=0.0)
-    vllm = build_engine("vllm", model, tok, OmegaConf.create({"vllm": {"dtype": "float32"}}))
-    hf = build_engine("hf", model, tok, OmegaConf.create({}))
+    vllm = build_rollout("vllm", model, tok, OmegaConf.create({"vllm": {"dtype": "float32"}}))
+    hf = build_rollout("hf", model, tok, OmegaConf.create({}))
     a, b = vllm.generate(prompts, sp), hf.generate(prompts, sp)
-    assert a.response_ids.tolist() == b.response_ids.cpu().tolist()
+    assert a.response_ids.tolist() == b.response_ids.tolist()
     with torch.no_grad():
-        lp, _ = response_logprobs(model, a.input_ids.cuda(), a.attention_mask.cuda(), a.prompt_length)
+        lp, _ = response_logprobs(model, a.input_ids, a.attention_mask, a.prompt_length)
     m = a.response_mask.bool()
-    torch.testing.assert_close(lp.cpu()[m], a.logprobs[m], atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(lp[m], a.logprobs[m], atol=1e-3, rtol=1e-3)

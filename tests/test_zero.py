@@ -1,4 +1,5 @@
-"""core.zero: DeepSpeed ZeRO-2/3 on CPU (gloo, 2 ranks) matches the single-process torch engine."""
+"""core.training.engine: the torch engine under DDP and DeepSpeed ZeRO-2/3 on CPU (gloo, 2 ranks) match the
+single-process torch engine; bf16 master weights keep updates a bf16 parameter cannot hold."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 WORKER = Path(__file__).with_name("zero_worker.py")
+LOAD_WORKER = Path(__file__).with_name("zero3_load_worker.py")
 
 
 def _run(tmp: Path, stage: int, nproc: int) -> dict:
@@ -31,8 +33,8 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("stage", [2, 3])
-def test_deepspeed_zero_matches_torch_engine(reference, tmp_path, stage):
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_two_ranks_match_the_single_process_engine(reference, tmp_path, stage):
     got = _run(tmp_path, stage, 2)
     assert len(got["params"]) == len(reference["params"]) == 6 * 16 + 16 + 16 + 1
     # The same global batch split over 2 ranks x accumulation gives the same updates.
@@ -58,3 +60,77 @@ def test_reward_model_zero3_with_accumulation_matches_plain_torch(tmp_path):
         norms[zero] = [r["grad_norm"] for r in rows if "grad_norm" in r]
     assert len(norms["none"]) == 3
     assert norms["stage3"] == pytest.approx(norms["none"], rel=1e-4)
+
+
+def _tiny_engine(dtype, lr):
+    import torch
+    from omegaconf import OmegaConf
+
+    from core.training.engine import build_train_engine
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, bias=False).to(dtype)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    optim = OmegaConf.create({"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": lr},
+                              "max_grad_norm": 0.0, "scheduler": {"name": "constant"}})
+    return build_train_engine(model, optim, OmegaConf.create({"stage": 0}), 100, 1, 1, torch.device("cpu"))
+
+
+def test_bf16_master_weights_accumulate_updates_below_a_bf16_ulp():
+    """A bf16 weight of 1.0 cannot move by 1e-4 (its ulp is 2^-7), so pure-bf16 SGD would never change it;
+    with fp32 master weights, 100 such steps add up to -0.01 and the bf16 weight follows."""
+    import torch
+
+    eng = _tiny_engine(torch.bfloat16, 1e-4)
+    x = torch.ones(1, 4, dtype=torch.bfloat16)
+    for _ in range(100):
+        eng.backward(eng.forward(lambda m, x: m(x).sum(), x))  # d/dw = 1 for every weight
+        eng.step()
+    assert eng.master is not None and eng.master.master[0].dtype == torch.float32
+    assert eng.master.master[0][0, 0].item() == pytest.approx(1.0 - 100 * 1e-4, rel=1e-5)
+    assert eng.module.weight.dtype == torch.bfloat16
+    assert eng.module.weight[0, 0].item() == torch.tensor(0.99, dtype=torch.bfloat16).item()
+    assert eng.module.weight.grad is None  # gradients moved onto the master copies and cleared
+    fp32 = _tiny_engine(torch.float32, 1e-4)
+    assert fp32.master is None  # float32 models step their own parameters
+
+
+def test_a_step_before_its_micro_batches_is_refused():
+    import torch
+
+    eng = _tiny_engine(torch.float32, 1e-3)
+    with pytest.raises(RuntimeError, match="after 0 micro-batches"):
+        eng.step()
+
+
+@pytest.mark.distributed
+def test_zero3_models_load_partitioned_and_the_sharded_reference_computes_the_same(tmp_path):
+    """Under ZeRO-3 every rank loads only its shard (``HfDeepSpeedConfig``: zero.Init inside from_pretrained),
+    the reference runs sharded (a DeepSpeed engine without optimiser) and gives the unsharded log-probs, and
+    a fresh critic head is initialised once and partitioned, equal to the unsharded initialisation."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from core.models.critic import load_critic
+    from core.models.loading import build_tiny_model_dir, load_causal_lm
+    from core.models.logprobs import chunked_logprobs
+    from tests.zero3_load_worker import MODEL, batch
+
+    model_dir = str(build_tiny_model_dir("qwen2", {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                   "max_position_embeddings": 64, "tie_word_embeddings": True}, 0))
+    out = tmp_path / "zero3.json"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                           str(LOAD_WORKER), model_dir, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(out.read_text())
+    assert got["partitioned"] and got["local"] <= got["full"] // 2 + 64  # this rank's half (and padding)
+    assert got["synced"]  # ungathered generation would run with synced_gpus
+    ids, am = batch()
+    want = chunked_logprobs(load_causal_lm(model_dir, MODEL), ids, am, 6, 1.0, 2, packing=False)
+    keep = am[:, 6:].bool()
+    torch.testing.assert_close(torch.tensor(got["logprobs"])[keep], want[keep], atol=1e-5, rtol=1e-5)
+    head = load_critic(model_dir, OmegaConf.create({"init_from": None, "head_seed": 3}), MODEL).score.weight
+    assert got["head"] == head.detach().flatten().tolist()

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from core.zero import build_engine  # noqa: E402
+from core.training.engine import build_train_engine  # noqa: E402
 
 OPTIM = OmegaConf.create({
     "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2, "betas": [0.9, 0.999],
@@ -42,7 +42,8 @@ def main(stage: int, out: str) -> None:
 
         deepspeed.init_distributed(dist_backend="gloo")
     accum = GLOBAL_BATCH // (MICRO * world)
-    eng = build_engine(model(), OPTIM, OmegaConf.create({"stage": stage}), STEPS, accum, MICRO)
+    zero = OmegaConf.create({"stage": stage})
+    eng = build_train_engine(model(), OPTIM, zero, STEPS, accum, MICRO, torch.device("cpu"))
     xs, ys = data()
     losses, lrs = [], []
     for s in range(STEPS):

@@ -31,10 +31,28 @@ def register_verifier(name: str):
 
 
 def get_verifier(name: str) -> VerifierFn:
+    """The verifier registered as ``name``, or for ``package.module:function`` that function (a reward of
+    one's own without registering it: veRL's ``custom_reward_function.path``, TRL's callable rewards)."""
+    if ":" in name:
+        return _imported(name)
     _load_builtin()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown verifier {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+        raise KeyError(f"unknown verifier {name!r}; registered: {', '.join(sorted(_REGISTRY))} "
+                       f"(or module.path:function)")
     return _REGISTRY[name]
+
+
+def _imported(spec: str) -> VerifierFn:
+    import importlib
+
+    module, _, attr = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise KeyError(f"verifier {spec!r}: cannot import {attr!r} from {module!r} ({e})") from None
+    if not callable(fn):
+        raise KeyError(f"verifier {spec!r}: {module}.{attr} is not callable")
+    return fn
 
 
 def list_verifiers() -> list[str]:

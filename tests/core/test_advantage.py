@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from core.advantage import (ADVANTAGES, WHITENING, AdvantageInput, compute_advantages, discounted_returns,
+from core.algorithms.advantage import (ADVANTAGES, WHITENING, AdvantageInput, compute_advantages, discounted_returns,
                             token_rewards, value_mask)
 
 CFGS = {

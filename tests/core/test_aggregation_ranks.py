@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from core.loss import AGGREGATIONS, AggContext
+from core.algorithms.loss import AGGREGATIONS, AggContext
 
 WORLD, ACCUM, ROWS, R, H = 2, 2, 8, 5, 3  # 8 rows = 2 ranks x 2 micro-batches x 2 rows
 

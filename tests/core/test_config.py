@@ -5,7 +5,7 @@ import pickle
 import pytest
 from omegaconf import OmegaConf
 
-from core.config import FrozenConfig, freeze
+from core.config.frozen import FrozenConfig, freeze
 from recipes import rl
 from tests.core.test_rl_runs import BASE
 

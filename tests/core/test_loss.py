@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from core.loss import (AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, AggContext, LossInput,
+from core.algorithms.loss import (AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, AggContext, LossInput,
                        compute_policy_loss, kl_penalty)
 
 LOSS = OmegaConf.create({"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "dual_clip": None,

@@ -4,9 +4,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from core.advantage import ADVANTAGES, WHITENING
-from core.kl_control import KL_CONTROLLERS
-from core.loss import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
+from core.algorithms.advantage import ADVANTAGES, WHITENING
+from core.algorithms.kl_control import KL_CONTROLLERS
+from core.algorithms.loss import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 REGISTRIES = {"advantage": ADVANTAGES, "whitening": WHITENING, "policy loss": POLICY_LOSSES,
               "is correction": IS_CORRECTIONS, "kl estimator": KL_ESTIMATORS, "aggregation": AGGREGATIONS,

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from core.advantage import ADVANTAGES
-from core.loss import AGGREGATIONS
+from core.algorithms.advantage import ADVANTAGES
+from core.algorithms.loss import AGGREGATIONS
 from core.paths import PROJECT_ROOT
 from recipes import rl
 
@@ -145,3 +145,25 @@ def test_none_rewards_through_a_step(compose_cfg, tmp_path, policy):
     n = int(run.cfg.train.prompts_per_step) * int(run.cfg.train.group_size)
     assert m["reward/skipped"] == len(range(0, n, 3))
     assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+
+
+def test_bf16_run_keeps_fp32_master_weights_and_a_bf16_reference(compose_cfg, tmp_path):
+    """model.dtype=bfloat16 on the plain engine: bf16 policy and reference, fp32 master weights and optimiser
+    state, and at the first step the reference equals the policy (KL 0), as under DeepSpeed's bf16 mode."""
+    import torch
+
+    from tests.helpers import FAST
+
+    cfg = compose_cfg(*FAST, "recipe_name=tiny_math_grpo", "model.dtype=bfloat16", "kl.coef=0.04",
+                      "verifier.name=tests.stub_rewards:gold_parity", "advantage=reinforce_pp",
+                      f"paths.results_dir={tmp_path}")
+    run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
+    assert {p.dtype for p in run.engine.module.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in run.ref.module.parameters()} == {torch.bfloat16}
+    assert {m.dtype for m in run.engine.master.master} == {torch.float32}
+    state = run.engine.optimizer.state_dict()["param_groups"][0]["params"]
+    assert len(state) == len(run.engine.master.master)  # the optimiser steps the fp32 copies
+    first = rl.rl_step(run)
+    assert first["kl"] == 0.0 and math.isfinite(first["loss"]) and first["grad_norm"] > 0
+    second = rl.rl_step(run)
+    assert second["kl"] > 0  # the policy moved away from its reference

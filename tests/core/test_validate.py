@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from core.advantage import ADVANTAGES
-from core.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from core.algorithms.advantage import ADVANTAGES
+from core.algorithms.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from core.paths import CONF_DIR
-from core.validate import ConfigError, check_rl
+from core.config.validate import ConfigError, check_rl
 
 
 def _error(cfg) -> str:

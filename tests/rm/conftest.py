@@ -10,7 +10,7 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir():
-    from core.models import build_tiny_model_dir
+    from core.models.loading import build_tiny_model_dir
 
     return str(build_tiny_model_dir("llama", TINY, 0))
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from core import preference_data as PD
-from core.data import DataError
+from core.data import preferences as PD
+from core.data.prompts import DataError
 
 from .conftest import compose
 
@@ -46,7 +46,7 @@ def test_no_usable_row_is_an_error():
 
 @pytest.fixture(scope="module")
 def tok():
-    from core.models import build_char_tokenizer
+    from core.models.loading import build_char_tokenizer
 
     return build_char_tokenizer("llama")
 

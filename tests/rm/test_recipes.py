@@ -27,7 +27,7 @@ EXACT = {
         "train.lora.rank": 0, "optim.optimizer.lr": 3e-6, "optim.optimizer.eps": 1e-5,
         "optim.optimizer.weight_decay": 0.01, "optim.optimizer.betas": [0.9, 0.999], "optim.max_grad_norm": 0.0,
         "optim.scheduler.name": "linear", "optim.scheduler.warmup_steps": 0, "optim.scheduler.warmup_ratio": 0.0,
-        "zero.stage": 3, "zero.bf16": True,
+        "zero.stage": 3, "model.dtype": "bfloat16",
     },
     "openrlhf_rm_llama3_8b": {
         "seed": 42, "model.name_or_path": "OpenRLHF/Llama-3-8b-sft-mixture",
@@ -40,7 +40,7 @@ EXACT = {
         "optim.optimizer.betas": [0.9, 0.95], "optim.optimizer.eps": 1e-8, "optim.optimizer.weight_decay": 0.0,
         "optim.max_grad_norm": 1.0, "optim.scheduler.name": "cosine_with_min_lr",
         "optim.scheduler.warmup_ratio": 0.03, "optim.scheduler.kwargs": {"min_lr_rate": 0.1},
-        "zero.stage": 3, "zero.bf16": True,
+        "zero.stage": 3,
     },
 }
 EXACT["openrlhf_rm_llama3_8b_4090"] = {

@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from core import reward_model as RM
+from core.models import reward_model as RM
 
 PAIRS = [{"chosen": [5, 6, 7, 8], "rejected": [5, 6, 9], "margin": 0.5},
          {"chosen": [5, 10], "rejected": [5, 11, 12, 13, 14], "margin": 0.0}]
@@ -81,7 +81,7 @@ def test_lora_target_that_matches_nothing_is_a_clear_error(model_cfg):
 def test_lora_rm_merges_and_loads_as_a_plain_sequence_classifier(tiny_llama_dir, model_cfg, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from core.zero import TorchEngine
+    from core.training.engine import TorchEngine
 
     model = RM.apply_lora(RM.load_reward_model(tiny_llama_dir, model_cfg, "inv_hidden", 0), _lora_cfg())
     with torch.no_grad():
@@ -92,7 +92,7 @@ def test_lora_rm_merges_and_loads_as_a_plain_sequence_classifier(tiny_llama_dir,
     before = RM.sequence_rewards(model, batch).detach()
     optim = OmegaConf.create({"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},
                               "scheduler": {"name": "constant"}})
-    engine = TorchEngine(model, optim, total_steps=1)
+    engine = TorchEngine(model, optim, total_steps=1, grad_accum=1, device=torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
     RM.save_reward_model(engine, tok, tmp_path, {"mean": 0.25, "std": 2.0})
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()

@@ -14,32 +14,33 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core import distributed
+from core.training import distributed
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch; use deterministic kernels so a CPU run repeats bit for bit.
-
-    Deterministic mode also fills every tensor torch allocates uninitialised (``empty``, ``resize_``,
-    and the ops that allocate their outputs that way) with NaN by default, a debugging aid against code
-    that reads memory it never wrote. Nothing here does, and the fill is one more pass over memory per
-    such tensor (1.5-2.5% of a tiny GRPO step, docs/performance.md). torch's docs: a program that never
-    reads uninitialised memory can turn it off "for better performance and still be deterministic"."""
+    """Seed python, numpy and torch (every device), and use deterministic kernels, so a run repeats bit for
+    bit on the same machine: CPU kernels are deterministic as they are; on CUDA, cuBLAS needs its workspace
+    fixed (``CUBLAS_WORKSPACE_CONFIG``, before its first call) and ops without a deterministic kernel warn."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 @contextmanager

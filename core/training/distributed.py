@@ -2,8 +2,11 @@
 
 The loops call :func:`init` first; every helper here is a no-op (or the identity) in a world of one,
 so a single-process run takes exactly the code path it took before data parallelism existed. Under
-``torchrun`` the process group comes up from the launcher's environment (``env://``): NCCL with
-CUDA, gloo on CPU (``DS_ACCELERATOR=cpu torchrun --standalone --nproc_per_node 2 -m recipes.run``).
+``torchrun`` the process group comes up from the launcher's environment (``env://``). On GPUs it is one
+group with two backends, ``cpu:gloo,cuda:nccl``: collectives on CUDA tensors (gradients, DeepSpeed's,
+the loss normalisers) run over NCCL, and those on CPU tensors (logged metrics, objects) over gloo, so
+no helper has to move a tensor to reduce it. On the CPU it is gloo alone
+(``torchrun --standalone --nproc_per_node 2 -m recipes.run device=cpu``).
 """
 from __future__ import annotations
 
@@ -13,13 +16,15 @@ import torch
 import torch.distributed as dist
 
 
-def init() -> tuple[int, int]:
-    """Start the process group when launched with ``WORLD_SIZE > 1``; return ``(rank, world)``."""
+def init(device: torch.device) -> tuple[int, int]:
+    """Bind this process to ``device``, start the process group when launched with ``WORLD_SIZE > 1``;
+    return ``(rank, world)``. DeepSpeed picks its accelerator when first imported: on the CPU it is told."""
+    if device.type == "cpu":
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    else:
+        torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu"
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     return rank(), world()
 
 
@@ -66,7 +71,7 @@ def broadcast_object(obj):
 
 
 def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """Average per-rank scalar metrics over ranks (every rank must hold the same keys)."""
+    """Average per-rank scalar metrics over ranks (every rank must hold the same keys); reduced on the CPU."""
     if world() == 1 or not metrics:
         return metrics
     keys = sorted(metrics)

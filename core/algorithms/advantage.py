@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from core import distributed
+from core.training import distributed
 from core.registry import Registry
 
 
@@ -151,7 +151,7 @@ def _batch_std(r: torch.Tensor, unbiased: bool) -> torch.Tensor:
         return _std(r.flatten(), None, unbiased)
     x = r.flatten().double()
     x = x[~x.isnan()]
-    n, total = distributed.all_sum(torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64), x.sum()]))
+    n, total = distributed.all_sum(torch.stack([x.new_tensor(float(x.numel())), x.sum()]))
     ss = distributed.all_sum(((x - total / n) ** 2).sum())
     return (ss / (n - 1) if unbiased else ss / n).sqrt().float()
 

@@ -5,10 +5,11 @@ Every problem found is collected and raised together, each naming the keys and v
 """
 from __future__ import annotations
 
-from core.advantage import ADVANTAGES, WHITENING
-from core.kl_control import KL_CONTROLLERS
-from core.loss import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
-from core.shaping import NONE_REWARDS
+from core.algorithms.advantage import ADVANTAGES, WHITENING
+from core.algorithms.kl_control import KL_CONTROLLERS
+from core.algorithms.loss import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
+from core.algorithms.shaping import NONE_REWARDS
+from core.models.packing import MODES as PACKING_MODES
 
 
 class ConfigError(ValueError):
@@ -84,6 +85,16 @@ def _check_loss(cfg, errors: list[str]) -> None:
         errors.append(f"loss.is_correction.mode={isc.get('mode')} needs loss.is_correction.high")
 
 
+def _check_placement(cfg, errors: list[str]) -> None:
+    """Settings that the device and the sharding cannot honour."""
+    if cfg.train.get("packing", "auto") not in PACKING_MODES:
+        errors.append(f"train.packing={cfg.train.packing!r}; choose one of auto, true, false")
+    if int(cfg.zero.stage) == 3 and int(cfg.train.warm_start.steps) > 0:
+        errors.append(f"train.warm_start.steps={cfg.train.warm_start.steps} with zero.stage=3: the warm start trains a "
+                      f"full copy of the model in one process before ZeRO-3 shards it; start from a checkpoint that "
+                      f"needs none (train.warm_start.steps=0), or warm-start under zero=none|stage1|stage2")
+
+
 def rl_batch_plan(cfg, world_size: int = 1) -> dict[str, int]:
     """The batch arithmetic of one RL step, derived from ``train.*`` (see conf/train/grpo.yaml)."""
     t = cfg.train
@@ -116,6 +127,7 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
         _raise(errors)  # the arithmetic below divides by these
     _check_kl(cfg, errors)
     _check_loss(cfg, errors)
+    _check_placement(cfg, errors)
     samples = int(t.prompts_per_step) * int(t.group_size)
     known = cfg.advantage.name in ADVANTAGES
     if known:

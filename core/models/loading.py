@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from omegaconf import OmegaConf
 
 from core import paths
+from core.training.device import DTYPES
 
 # Special tokens per architecture family, named as the real tokenizers name them so chat templates
 # and EOS handling exercise the same code paths as on a cluster.
@@ -75,12 +77,11 @@ def _tiny_config(arch: str, tiny: dict, tokenizer):
     import transformers
 
     cls = getattr(transformers, _CONFIG_CLASSES[arch])
-    vocab = len(tokenizer)
-    return cls(
-        vocab_size=(vocab + 7) // 8 * 8,  # a multiple of 8, as real vocabularies are padded
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id, **tiny,
-    )
+    # the tokenizer's size rounded up to a multiple of 8, as real vocabularies are padded, unless the
+    # config gives a real model's (a real-shaped model with random weights: make gpu-smoke)
+    fields = {"vocab_size": (len(tokenizer) + 7) // 8 * 8, **tiny}
+    return cls(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+               bos_token_id=tokenizer.bos_token_id, **fields)
 
 
 def _digest(obj: Any) -> str:
@@ -145,10 +146,8 @@ def model_dir(model_cfg) -> str:
         return str(model_cfg.name_or_path)
     if not model_cfg.get("tiny"):
         raise ValueError("model.name_or_path is empty and model.tiny is not set: nothing to load")
-    return str(build_tiny_model_dir(model_cfg.arch, dict(model_cfg.tiny), int(model_cfg.get("init_seed", 0))))
-
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    tiny = json.loads(json.dumps(model_cfg.tiny, default=lambda node: OmegaConf.to_container(node, resolve=True)))
+    return str(build_tiny_model_dir(model_cfg.arch, tiny, int(model_cfg.get("init_seed", 0))))
 
 
 def load_tokenizer(path: str):
@@ -162,15 +161,14 @@ def load_tokenizer(path: str):
 
 
 def load_causal_lm(path: str, model_cfg):
-    """``AutoModelForCausalLM.from_pretrained`` with dtype, attention and checkpointing from config."""
+    """``AutoModelForCausalLM.from_pretrained`` with dtype (``model.dtype``), attention and gradient
+    checkpointing from config. Under ZeRO-3, call it inside ``core.training.engine.model_init``."""
     from transformers import AutoModelForCausalLM
 
     attn = model_cfg.get("attn_implementation", "sdpa")
     if attn == "flash_attention_2":
         _require("flash_attn", "model.attn_implementation=flash_attention_2")
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=_DTYPES[model_cfg.get("dtype", "float32")], attn_implementation=attn
-    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_cfg.dtype], attn_implementation=attn)
     if model_cfg.get("gradient_checkpointing", False):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False

@@ -7,7 +7,7 @@ vLLM joins the trainer's process group, prompts passed as token ids, one complet
 ``model_runner.model.load_weights`` and the prefix cache reset after.
 
 Log-probs: ``logprobs_mode="processed_logprobs"``, i.e. after temperature (and top-p/top-k) processing,
-which equals the ``hf``/``torch`` engines' temperature-scaled log-probs when top-p = 1 and top-k is off.
+which equals the ``hf`` engine's temperature-scaled log-probs when top-p = 1 and top-k is off.
 
 How far exercised: written against the documented API and TRL's use of it; its test
 (``tests/test_rollout_vllm.py``) is marked ``gpu`` and has not run on this project's CPU machines.
@@ -18,7 +18,8 @@ import os
 
 import torch
 
-from core.rollout import Rollout, Sampling, assemble, eos_token_ids, left_pad, register_engine
+from core.rollout import register_rollout
+from core.rollout.batch import RolloutBatch, Sampling, assemble, eos_token_ids, left_pad
 
 
 def _ensure_process_group() -> None:
@@ -35,15 +36,15 @@ def _ensure_process_group() -> None:
     dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
-@register_engine("vllm")
-class VLLMEngine:
+@register_rollout("vllm")
+class VLLMRollout:
     """``vllm.LLM`` colocated with the trainer; ``rollout.vllm`` holds its settings."""
 
     def __init__(self, model, tokenizer, cfg):
         from vllm import LLM
 
         if not torch.cuda.is_available():
-            raise RuntimeError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf or torch on CPU")
+            raise RuntimeError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
         _ensure_process_group()
         v = cfg.get("vllm") or {}
         self.tokenizer = tokenizer
@@ -68,7 +69,7 @@ class VLLMEngine:
                 runner.model.load_weights([(name, param.data)])
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> Rollout:
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> RolloutBatch:
         from vllm import SamplingParams
 
         greedy = sampling.temperature <= 0
@@ -81,7 +82,7 @@ class VLLMEngine:
         resp = [list(o.outputs[0].token_ids) for o in outs]
         lps = [[_chosen_logprob(step, tok) for step, tok in zip(o.outputs[0].logprobs or [], r)]
                for o, r in zip(outs, resp)]
-        return _to_rollout(prompts, resp, lps, self.eos_ids, self.tokenizer.pad_token_id)
+        return _to_rollout(prompts, resp, lps, self.eos_ids, self.tokenizer.pad_token_id, torch.cuda.current_device())
 
 
 def _chosen_logprob(step: dict, token: int) -> float:
@@ -90,7 +91,8 @@ def _chosen_logprob(step: dict, token: int) -> float:
     return float(item.logprob) if item is not None else 0.0
 
 
-def _to_rollout(prompts, resp, lps, eos_ids, pad_id) -> Rollout:
+def _to_rollout(prompts, resp, lps, eos_ids, pad_id, device=None) -> RolloutBatch:
+    """vLLM's token lists as a :class:`RolloutBatch` on ``device`` (the trainer's GPU)."""
     ids, mask = left_pad(prompts, pad_id)  # [N, P]
     R = max(1, max(len(r) for r in resp))
     out = torch.full((len(resp), R), pad_id, dtype=torch.long)  # [N, R]
@@ -98,4 +100,4 @@ def _to_rollout(prompts, resp, lps, eos_ids, pad_id) -> Rollout:
     for i, (r, lp) in enumerate(zip(resp, lps)):
         out[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         logp[i, :len(lp)] = torch.tensor(lp)
-    return assemble(ids, mask, out, eos_ids, pad_id, logp)
+    return assemble(*(t.to(device) for t in (ids, mask, out)), eos_ids, pad_id, logp.to(device))

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 
 from core import paths
-from core.data import DataError, read_rows
+from core.data.prompts import DataError, read_rows
 from core.registry import Registry
 
 log = logging.getLogger(__name__)

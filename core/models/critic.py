@@ -11,42 +11,49 @@ from __future__ import annotations
 
 import torch
 
-from core import packed
-from core.policy import position_ids
+from core.models import packing as packing_lib
+from core.training.device import DTYPES
+from core.training.engine import writable
 
 
 def load_critic(policy_path: str, critic_cfg, model_cfg):
-    """The value model: from ``critic_cfg.init_from`` if set, else the policy weights plus a new head."""
+    """The value model, in the policy's dtype: from ``critic_cfg.init_from`` if set, else the policy weights
+    plus a new head. Under ZeRO-3, call it inside ``core.training.engine.model_init``."""
     from transformers import AutoModelForSequenceClassification
 
     path = critic_cfg.get("init_from") or policy_path
     model = AutoModelForSequenceClassification.from_pretrained(
         str(path), num_labels=1, attn_implementation=model_cfg.get("attn_implementation", "sdpa"),
-        dtype=torch.float32)
+        dtype=DTYPES[model_cfg.dtype])
     if not critic_cfg.get("init_from"):
-        with torch.no_grad(), torch.random.fork_rng():
+        head = model.score.weight
+        with torch.no_grad(), torch.random.fork_rng(), writable([head]):
             torch.manual_seed(int(critic_cfg.get("head_seed", 0)))
-            model.score.weight.normal_(0.0, 1.0 / (model.config.hidden_size + 1))
+            head.normal_(0.0, 1.0 / (model.config.hidden_size + 1))
     model.config.pad_token_id = model.config.pad_token_id or 0
     return model
 
 
-def token_values(critic, input_ids, attention_mask, prompt_length: int, packing: bool = False) -> torch.Tensor:
+def token_values(critic, input_ids, attention_mask, prompt_length: int, packing="auto") -> torch.Tensor:
     """``V(s_t)`` for each response position ``t``: the head on the hidden state that predicts token
-    ``P + t`` (positions ``P - 1 .. T - 2``, aligned with the log-probs). Returns ``[N, R]``. With
-    ``packing`` and a critic :mod:`core.packed` covers, padding-free (zero where the input token is
-    padding; every value mask lies inside the real inputs)."""
-    if packing and packed.unsupported_reason(critic, packed.CRITIC_ARCHS) is None:
-        return packed.packed_values(critic, input_ids, attention_mask, prompt_length)
+    ``P + t`` (positions ``P - 1 .. T - 2``, aligned with the log-probs). Returns ``[N, R]``. Packed when
+    :func:`core.models.packing.packs` says so: zero where the input token is padding (every value mask
+    lies inside the real inputs, the slot after the EOS included)."""
+    P, (N, T) = prompt_length, input_ids.shape
     backbone = getattr(critic, critic.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state  # [N, T, H]
-    return critic.score(hidden[:, prompt_length - 1:-1]).squeeze(-1).float()  # [N, R]
+    if T > P and packing_lib.packs(critic, packing):
+        rows = packing_lib.pack(input_ids, attention_mask, P, attention_mask[:, P:T - 1])
+        hidden = backbone(input_ids=rows.input_ids, position_ids=rows.position_ids,
+                          use_cache=False).last_hidden_state[0, rows.source]  # [J, H]
+        return packing_lib.unpack(critic.score(hidden).squeeze(-1).float(), rows)  # [N, R]
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                      position_ids=packing_lib.position_ids(attention_mask)).last_hidden_state  # [N, T, H]
+    return critic.score(hidden[:, P - 1:-1]).squeeze(-1).float()  # [N, R]
 
 
 @torch.no_grad()
 def chunked_values(critic, input_ids, attention_mask, prompt_length: int, micro_batch_size: int,
-                   packing: bool = False):
+                   packing="auto"):
     """No-grad :func:`token_values` in chunks (the rollout-phase critic forward). ``[N, R]``."""
     was_training = critic.training
     critic.eval()

@@ -12,7 +12,8 @@ import torch
 
 
 class PhaseTimer:
-    """Wall time per named phase (generate, verify, logprobs, update), reset every step."""
+    """Wall time per named phase (generate, verify, logprobs, update), reset every step. On CUDA each phase
+    ends with a synchronise, so the kernels it queued count in its own time, not the next phase's."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -23,6 +24,8 @@ class PhaseTimer:
         try:
             yield
         finally:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
     def pop(self) -> dict[str, float]:

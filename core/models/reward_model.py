@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from core.registry import Registry
-from core.scale import SHRINKERS
+from core.training.device import DTYPES
+from core.training.engine import writable
+from core.config.scale import SHRINKERS
 
 # Score-head initialisation for a head that the checkpoint does not have (name -> std(hidden)).
 HEAD_INITS: Registry = Registry("train.head_init")
@@ -25,29 +27,27 @@ HEAD_INITS.register("inv_sqrt_hidden")(lambda hidden: 1 / math.sqrt(hidden + 1))
 # OpenRLHF models/model.py: N(0, 1/(hidden+1)).
 HEAD_INITS.register("inv_hidden")(lambda hidden: 1 / (hidden + 1))
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 # ----------------------------------------------------------------------------- model
 def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad_token_id: int | None = None):
     """``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)`` with dtype, attention
-    and gradient checkpointing from ``model_cfg``; a fresh head is initialised per ``head_init``."""
+    and gradient checkpointing from ``model_cfg``; a fresh head is initialised per ``head_init``. Under
+    ZeRO-3, call it inside ``core.training.engine.model_init``."""
     from transformers import AutoModelForSequenceClassification
 
-    from core.models import _require
+    from core.models.loading import _require
 
     attn = model_cfg.get("attn_implementation", "sdpa")
     if attn == "flash_attention_2":
         _require("flash_attn", "model.attn_implementation=flash_attention_2")
     model, info = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=_DTYPES[model_cfg.get("dtype", "float32")], attn_implementation=attn,
-        output_loading_info=True)
+        path, num_labels=1, dtype=DTYPES[model_cfg.dtype], attn_implementation=attn, output_loading_info=True)
     if pad_token_id is not None:
         model.config.pad_token_id = pad_token_id  # HF's own pooling finds the last non-pad token with it
     fresh_head = any(k.startswith("score.") for k in info["missing_keys"])
     std = HEAD_INITS.get(head_init)(model.config.hidden_size)
     if fresh_head and std is not None:
-        torch.nn.init.normal_(model.score.weight, std=std)
+        with writable([model.score.weight]):  # ZeRO-3: gathered, initialised on rank 0, partitioned back
+            torch.nn.init.normal_(model.score.weight, std=std)
     if model_cfg.get("gradient_checkpointing", False):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -78,7 +78,7 @@ def sequence_rewards(model, batch: dict) -> torch.Tensor:
         hidden = out.last_hidden_state[0, batch["last"]]  # [N, H]
     else:
         out = backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-        rows = torch.arange(batch["input_ids"].shape[0])
+        rows = torch.arange(batch["input_ids"].shape[0], device=batch["input_ids"].device)
         hidden = out.last_hidden_state[rows, batch["last"]]  # [N, H]
     return head(hidden).squeeze(-1).float()  # [N]
 
@@ -91,7 +91,7 @@ def model_skeleton(model_cfg, path: str | None = None):
     if model_cfg.get("name_or_path") or path:
         config = AutoConfig.from_pretrained(path or model_cfg.name_or_path)
     else:
-        from core.models import _tiny_config, build_char_tokenizer
+        from core.models.loading import _tiny_config, build_char_tokenizer
 
         config = _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))
     config.num_labels = 1
@@ -194,12 +194,14 @@ def save_reward_model(engine, tokenizer, out_dir: Path, stats: dict) -> None:
 @torch.no_grad()
 def score_texts(model, tokenizer, texts: list[str], normalize: bool = False, batch_size: int = 16) -> torch.Tensor:
     """Rewards ``[N]`` of finished texts from a saved RM (RL's learned reward source); ``normalize``
-    returns ``(r - mean) / std`` with the stats saved beside the model (OpenRLHF --normalize_reward)."""
+    returns ``(r - mean) / std`` with the stats saved beside the model (OpenRLHF --normalize_reward). On the
+    model's device."""
     out = []
     for i in range(0, len(texts), batch_size):
         ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts[i:i + batch_size]]
         b = pair_batch([{"chosen": s, "rejected": s} for s in ids], tokenizer.pad_token_id, "right")
-        out.append(sequence_rewards(model, b)[: len(ids)])
+        device = next(model.parameters()).device
+        out.append(sequence_rewards(model, {k: v.to(device) for k, v in b.items()})[: len(ids)])
     r = torch.cat(out)
     if normalize:
         r = (r - float(model.config.mean)) / float(model.config.std)
@@ -211,5 +213,3 @@ def shrink_rm(cfg, s) -> None:
     """RM at ``scale=tiny``: ``train.tiny`` (batch sizes, steps, lengths) over ``train``; no bf16 on CPU."""
     if cfg.train.get("tiny"):
         cfg.train.update({k: v for k, v in cfg.train.tiny.items()})
-    if "bf16" in cfg.zero:
-        cfg.zero.bf16 = False

@@ -1,0 +1,1 @@
+"""Data: prompt datasets for RL (``data`` group, loop ``rl``) and preference pairs for reward models (loop ``rm``)."""

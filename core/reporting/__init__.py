@@ -1,0 +1,1 @@
+"""Reporting: per-step metrics (``metrics.jsonl``, TensorBoard) and the results table (``logger`` group)."""

@@ -1,0 +1,40 @@
+"""Rollout engines: sample completions for a batch of prompts, keyed by config name (``rollout.engine``).
+
+``hf`` (Hugging Face ``generate`` on the training model, any device) is here; ``vllm``
+(:mod:`core.rollout.vllm`, GPU only) is imported when asked for. Every engine takes
+``(model, tokenizer, rollout_cfg)``, has ``sync_weights(model)`` and ``generate(prompts, sampling)``, and
+returns a :class:`core.rollout.batch.RolloutBatch`.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from core.rollout.batch import RolloutBatch, Sampling  # noqa: F401  (the package's public types)
+
+_ENGINES: dict[str, Callable] = {}
+# Engines whose module imports GPU-only packages: imported (and so registered) only when asked for.
+_LAZY = {"hf": "core.rollout.hf", "vllm": "core.rollout.vllm"}
+
+
+def register_rollout(name: str):
+    def deco(cls):
+        if name in _ENGINES and _ENGINES[name] is not cls:
+            raise ValueError(f"rollout engine {name!r} is already registered")
+        _ENGINES[name] = cls
+        return cls
+
+    return deco
+
+
+def rollout_engines() -> list[str]:
+    return sorted({*_ENGINES, *_LAZY})
+
+
+def build_rollout(name: str, model, tokenizer, cfg):
+    """The engine registered as ``name`` (its module imported first)."""
+    if name not in _ENGINES and name in _LAZY:
+        importlib.import_module(_LAZY[name])
+    if name not in _ENGINES:
+        raise KeyError(f"unknown rollout.engine {name!r}; registered: {', '.join(rollout_engines())}")
+    return _ENGINES[name](model, tokenizer, cfg)

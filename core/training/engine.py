@@ -1,0 +1,389 @@
+"""The optimiser engines the loops talk to: plain torch (``zero.stage: 0``) or DeepSpeed ZeRO 1/2/3.
+
+Both expose the same calls, so a loop never branches on the backend:
+
+- ``engine.forward(fn, *args)``: a training forward, ``fn(model, *args)``. It runs inside the wrapper's
+  own forward (DDP's or DeepSpeed's), which both need: DDP arms its gradient all-reduce there, and
+  ZeRO-3 gave wrong gradients with accumulation when the bare module was called (tests/test_zero.py);
+- ``engine.module``: the underlying model, for generation, no-grad forwards, saving and attributes;
+- ``engine.backward(loss)``: once per micro-batch; ``loss`` must already carry its share of the
+  optimiser step's normaliser (the aggregation divides by accumulation steps or token counts), so
+  no backend rescales it again;
+- ``engine.step() -> {"grad_norm", "lr"}``: once per optimiser step, after exactly ``grad_accum``
+  micro-batches (clip, step, schedule, zero);
+- ``engine.gathered(enabled)``: a context in which ``engine.module`` holds its full parameters on every rank,
+  for generation (ZeRO-3 partitions them; TRL's ``unwrap_model_for_generation`` does the same);
+- ``engine.save_state(dir)/load_state(dir)`` and ``engine.save_pretrained(dir)`` for checkpoints
+  (collective: every rank calls them; rank 0 writes what is not sharded).
+
+The plain engine is DDP under data parallelism (bucketed all-reduce overlapped with backward, synced on
+the last micro-batch of each optimiser step only, as ``no_sync`` does) and keeps fp32 master weights
+for a bf16 model (:class:`MasterWeights`), as DeepSpeed's bf16 mode does: bf16 forward, backward and
+gradient accumulation, fp32 optimiser step. The reference policy is a :class:`FrozenModel`: on the
+device in its dtype, or under ZeRO-3 a DeepSpeed engine without optimiser that shards it (and can
+offload it), as TRL's ``prepare_deepspeed`` and OpenRLHF's reference model do. Under ZeRO-3 every model
+is built inside :func:`model_init` (``HfDeepSpeedConfig``: ``from_pretrained`` partitions each weight as
+it loads), so no rank ever holds a full copy.
+
+DeepSpeed runs on CPU too (``DS_ACCELERATOR=cpu torchrun ...`` over gloo), which is how its path is
+tested here.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+
+from core.training import distributed
+
+
+def build_scheduler(optimizer, sched_cfg, total_steps: int):
+    """``transformers.get_scheduler`` with warmup given as a ratio of ``total_steps`` or in steps."""
+    from transformers import get_scheduler
+
+    warmup = int(sched_cfg.get("warmup_steps", 0) or 0)
+    if sched_cfg.get("warmup_ratio"):
+        warmup = math.ceil(float(sched_cfg.warmup_ratio) * total_steps)
+    extra = dict(sched_cfg.get("kwargs") or {})
+    return get_scheduler(sched_cfg.name, optimizer, num_warmup_steps=warmup,
+                         num_training_steps=total_steps, scheduler_specific_kwargs=extra or None)
+
+
+def build_optimizer(params, optim_cfg):
+    """Instantiate ``optim.optimizer`` (a ``_partial_`` ``_target_`` node) on ``params``."""
+    return instantiate(optim_cfg.optimizer)(params)
+
+
+class _Call(torch.nn.Module):
+    """The module DDP and DeepSpeed wrap: its forward runs any ``fn(inner, ...)``, so every training forward
+    (a causal-LM log-prob pass, a reward head on the backbone) goes through the wrapper's forward."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(self.inner, *args, **kwargs)
+
+
+class MasterWeights:
+    """fp32 copies of low-precision trainable parameters for the optimiser (DeepSpeed's bf16 mode on the
+    plain engine): the optimiser steps the copies from the gradients cast to fp32, and the parameters
+    take the rounded result, so updates far below a bf16 ulp (learning rates of 1e-7) still accumulate."""
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self.params = params
+        self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+
+    def take_grads(self) -> None:
+        """The parameters' gradients, in fp32, onto the copies (and off the parameters)."""
+        for p, m in zip(self.params, self.master):
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        for p, m in zip(self.params, self.master):
+            p.copy_(m)
+
+    def state_dict(self) -> list[torch.Tensor]:
+        return [m.detach() for m in self.master]
+
+    @torch.no_grad()
+    def load_state_dict(self, tensors: list[torch.Tensor]) -> None:
+        for m, t in zip(self.master, tensors):
+            m.copy_(t)
+        self.write_back()
+
+
+class TorchEngine:
+    """Plain torch on one device: the reference path every other backend must agree with. Under data
+    parallelism the model is wrapped in DDP, which averages gradients over ranks during backward."""
+
+    def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int, device: torch.device):
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.module = model.to(device)
+        self.grad_accum, self._micro = grad_accum, 0
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.master = MasterWeights(params) if any(p.dtype != torch.float32 for p in params) else None
+        self._stepped = self.master.master if self.master else params  # what the optimiser updates
+        self.optimizer = build_optimizer(self._stepped, optim_cfg)
+        self.scheduler = build_scheduler(self.optimizer, optim_cfg.scheduler, total_steps)
+        self.max_grad_norm = float(optim_cfg.get("max_grad_norm", 0) or 0)
+        self._call = _Call(model)
+        self._ddp = None
+        if distributed.world() > 1:  # broadcasts rank 0's weights, then all-reduces gradients in backward
+            ids = [device.index] if device.type == "cuda" else None
+            self._ddp = DistributedDataParallel(self._call, device_ids=ids, broadcast_buffers=False)
+
+    def forward(self, fn, *args, **kwargs):
+        if self._ddp is None:
+            return self._call(fn, *args, **kwargs)
+        # all-reduce only with the step's last micro-batch (DDP's no_sync for the others)
+        self._ddp.require_backward_grad_sync = self._micro + 1 == self.grad_accum
+        return self._ddp(fn, *args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+        self._micro += 1
+
+    def gathered(self, enabled: bool = True):
+        return contextlib.nullcontext()
+
+    def step(self) -> dict[str, float]:
+        if self._micro != self.grad_accum:
+            raise RuntimeError(f"step() after {self._micro} micro-batches; the engine was built for {self.grad_accum}")
+        self._micro = 0
+        if self.master is not None:
+            self.master.take_grads()
+        norm = _clip(self._stepped, self.max_grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.write_back()
+        return {"grad_norm": norm, "lr": lr}
+
+    def save_state(self, out_dir) -> None:
+        """Model, master weights, optimiser and schedule into ``out_dir/engine.pt`` (the caller makes it
+        atomic); the ranks hold identical replicas, so rank 0 writes."""
+        if distributed.is_main():
+            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(),
+                        "master": self.master.state_dict() if self.master else None}, Path(out_dir) / "engine.pt")
+
+    def load_state(self, out_dir) -> None:
+        state = torch.load(Path(out_dir) / "engine.pt", weights_only=False, map_location=_device_of(self.module))
+        self.module.load_state_dict(state["model"])
+        if self.master is not None:
+            self.master.load_state_dict(state["master"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def save_pretrained(self, out_dir, tokenizer=None) -> None:
+        if distributed.is_main():
+            self.module.save_pretrained(out_dir)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(out_dir)
+
+
+def _device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _clip(params, max_norm: float) -> float:
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+
+def deepspeed_config(zero_cfg, optim_cfg, micro_batch: int, grad_accum: int, bf16: bool) -> dict:
+    """The DeepSpeed JSON for ``zero.stage``; clipping is DeepSpeed's so ZeRO sees partitioned grads."""
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch * grad_accum * distributed.world(),
+        "gradient_clipping": float(optim_cfg.get("max_grad_norm", 0) or 0),
+        "zero_allow_untested_optimizer": True,  # a torch AdamW client optimiser
+        "zero_optimization": {"stage": int(zero_cfg.stage), **dict(zero_cfg.get("options") or {})},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    for what in ("offload_optimizer", "offload_param"):
+        if zero_cfg.get(what):
+            cfg["zero_optimization"][what] = {"device": "cpu", "pin_memory": True}
+    return cfg
+
+
+def _deepspeed_distributed() -> None:
+    """DeepSpeed's process group: the one ``core.training.distributed.init`` started under torchrun, or a
+    world of one outside a launcher (e.g. ``scale=tiny`` in one CPU process)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+            os.environ.setdefault(k, v)
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() and
+                               os.environ.get("DS_ACCELERATOR") != "cpu" else "gloo")
+
+
+@contextlib.contextmanager
+def model_init(zero_cfg, dtype: torch.dtype):
+    """Build models inside this context. Under ZeRO-3 it is transformers' ``HfDeepSpeedConfig`` route:
+    ``from_pretrained`` runs under ``deepspeed.zero.Init``, which partitions each weight as it loads, so no
+    rank materialises the whole model (a 70B model is ~140 GB in bf16). Elsewhere it does nothing."""
+    if int(zero_cfg.stage) != 3:
+        yield
+        return
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    _deepspeed_distributed()
+    zero = {"stage": 3, **dict(zero_cfg.get("options") or {})}
+    if zero_cfg.get("offload_param"):
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    keep = HfDeepSpeedConfig({"zero_optimization": zero, "bf16": {"enabled": dtype == torch.bfloat16},
+                              "train_micro_batch_size_per_gpu": 1})  # noqa: F841 (transformers holds a weakref)
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()  # later calls (generate, save) see no global DeepSpeed config
+
+
+@contextlib.contextmanager
+def writable(params):
+    """Modify ``params`` in place inside (a fresh head's initialisation): under ZeRO-3 they are gathered and
+    rank 0's values are partitioned back on exit; otherwise nothing happens."""
+    params = list(params)
+    if not any(hasattr(p, "ds_id") for p in params):
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+        yield
+
+
+class DeepSpeedEngine:
+    """DeepSpeed ZeRO behind the :class:`TorchEngine` calls (``zero.stage`` 1, 2 or 3). bf16 when the model
+    is (``bf16.enabled``: fp32 master weights in DeepSpeed's optimiser)."""
+
+    def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int, zero_cfg, micro_batch: int):
+        import deepspeed
+
+        _deepspeed_distributed()
+        params = [p for p in model.parameters() if p.requires_grad]
+        bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
+        optimizer = build_optimizer(params, optim_cfg)
+        scheduler = build_scheduler(optimizer, optim_cfg.scheduler, total_steps)
+        ds_cfg = deepspeed_config(zero_cfg, optim_cfg, micro_batch, grad_accum, bf16)
+        self.grad_accum, self._micro = grad_accum, 0
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=_Call(model), optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
+
+    @property
+    def module(self):
+        return self.engine.module.inner
+
+    @module.setter
+    def module(self, model) -> None:  # e.g. a LoRA model replaced by its merged base before saving
+        self.engine.module.inner = model
+
+    def forward(self, fn, *args, **kwargs):
+        return self.engine(fn, *args, **kwargs)
+
+    def gathered(self, enabled: bool = True):
+        """ZeRO-3: the full parameters on every rank for the duration (collective enter and exit); with
+        ``enabled`` false (``rollout.gather_for_generation``) they stay partitioned."""
+        if self.engine.zero_optimization_stage() != 3 or not enabled:
+            return contextlib.nullcontext()
+        return _zero3_gathered(self.engine)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # The loss already carries its accumulation normaliser: stop DeepSpeed dividing by GAS again.
+        # DeepSpeed counts the micro-steps itself and steps at the boundary (its documented pattern:
+        # backward + step per micro-batch); step() below only checks the count and reports.
+        self._micro += 1
+        if self._micro == self.grad_accum:  # the rate this optimiser step uses, as TorchEngine reports it
+            self._lr = self.scheduler.get_last_lr()[0] if self.scheduler is not None else float("nan")
+        self.engine.backward(loss, scale_wrt_gas=False)
+        self.engine.step()
+
+    def step(self) -> dict[str, float]:
+        if self._micro != self.grad_accum:
+            raise RuntimeError(f"step() after {self._micro} micro-batches; the engine was built for {self.grad_accum}")
+        self._micro = 0
+        norm = self.engine.get_global_grad_norm()
+        return {"grad_norm": float(norm) if norm is not None else float("nan"), "lr": self._lr}
+
+    def save_state(self, out_dir) -> None:
+        self.engine.save_checkpoint(str(out_dir), tag="engine")
+
+    def load_state(self, out_dir) -> None:
+        self.engine.load_checkpoint(str(out_dir), tag="engine")
+
+    def save_pretrained(self, out_dir, tokenizer=None) -> None:
+        """Gather (ZeRO-3) and save a plain Hugging Face folder from rank 0."""
+        if self.engine.zero_optimization_stage() == 3:
+            full = self.engine._zero3_consolidated_16bit_state_dict() or {}  # rank 0 only
+            state = {k.removeprefix("inner."): v for k, v in full.items()}
+        else:
+            state = self.module.state_dict()
+        if distributed.is_main():
+            self.module.save_pretrained(out_dir, state_dict=state)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(out_dir)
+
+
+@contextlib.contextmanager
+def _zero3_gathered(engine):
+    """Gather every parameter once and take DeepSpeed's per-module hooks off while inside, so forwards
+    (generation: as many as each rank's completions need) issue no collectives; then put the hooks
+    back with a fresh prefetch trace. TRL ``trl/models/utils.py`` ``remove_hooks`` / ``add_hooks``
+    (``unwrap_model_for_generation``) does the same; gathering alone is not enough, the post-forward
+    hooks release the parameters again and the next forward all-gathers on one rank only."""
+    import deepspeed
+
+    offload = engine.optimizer.parameter_offload
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        for param in offload.module.parameters():
+            param.ds_active_sub_modules.clear()
+        for hook in offload.forward_hooks + offload.backward_hooks:
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield
+        finally:
+            coordinator = offload.param_coordinator
+            if not coordinator.is_invalid_trace():
+                coordinator._invalidate_trace()
+            offload._register_deepspeed_module(offload.module)
+
+
+class FrozenModel:
+    """A model that is only evaluated (the reference policy): eval mode, no gradients, on the device. Under
+    ZeRO-3 a DeepSpeed engine without optimiser shards it across ranks (``zero.offload_reference``: its
+    partitions live in CPU memory), TRL's ``prepare_deepspeed``; under stages 0-2 each rank holds it whole,
+    as TRL does (ZeRO-1/2 shard optimiser state and gradients, which a frozen model has none of).
+    ``.module`` is called like any model; under ZeRO-3 its hooks gather each layer as it runs, so every
+    rank must run the same number of forwards (equal row counts per rank give that)."""
+
+    def __init__(self, model, zero_cfg, device: torch.device):
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self._engine = None
+        if int(zero_cfg.stage) == 3:
+            import deepspeed
+
+            _deepspeed_distributed()
+            zero = {"stage": 3, **dict(zero_cfg.get("options") or {})}
+            if zero_cfg.get("offload_reference"):
+                zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+            bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
+            self._engine, *_ = deepspeed.initialize(model=model, config={
+                "zero_optimization": zero, "bf16": {"enabled": bf16}, "train_micro_batch_size_per_gpu": 1,
+                "steps_per_print": 10**9})
+            model = self._engine.module
+        self.module = model.to(device) if self._engine is None else model
+        self.module.eval()
+
+
+def build_train_engine(model, optim_cfg, zero_cfg, total_steps: int, grad_accum: int, micro_batch: int,
+                       device: torch.device):
+    """:class:`TorchEngine` for ``zero.stage == 0``, else :class:`DeepSpeedEngine` (which places the model on
+    its accelerator's device, the rank's GPU or the CPU)."""
+    if int(zero_cfg.stage) == 0:
+        return TorchEngine(model, optim_cfg, total_steps, grad_accum, device)
+    return DeepSpeedEngine(model, optim_cfg, total_steps, grad_accum, zero_cfg, micro_batch)

@@ -1,0 +1,9 @@
+"""Rewards for tests that must not depend on what a model generates (loaded by import path:
+``verifier.name=tests.stub_rewards:gold_parity``)."""
+from __future__ import annotations
+
+
+def gold_parity(completions: list[str], answer: list[str], **_) -> list[float]:
+    """1.0 where the gold answer is even, else 0.0, whatever the completion: a batch of prompts with both
+    parities has rewards that differ by construction, on any machine."""
+    return [float(int(a) % 2 == 0) for a in answer]
