@@ -98,4 +98,8 @@ def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]],
         tok.save_pretrained(out)
         (out / "warm_start.json").write_text(json.dumps({"rounds": rounds, "loss": losses}, indent=1))
 
-    return cached_build("warm_start", key, build)
+    def isolated(out: Path) -> None:  # the run's RNG streams must not depend on whether the start was cached
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            build(out)
+
+    return cached_build("warm_start", key, isolated)

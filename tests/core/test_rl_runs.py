@@ -167,3 +167,23 @@ def test_bf16_run_keeps_fp32_master_weights_and_a_bf16_reference(compose_cfg, tm
     assert first["kl"] == 0.0 and math.isfinite(first["loss"]) and first["grad_norm"] > 0
     second = rl.rl_step(run)
     assert second["kl"] > 0  # the policy moved away from its reference
+
+
+def test_the_rng_after_setup_does_not_depend_on_a_cached_warm_start(compose_cfg, tmp_path, monkeypatch):
+    """Building the warm start trains a model; a run whose warm start is cached skips that. Either way the
+    run must sample the same completions, so the build leaves the run's RNG streams as it found them."""
+    import torch
+
+    from core import paths
+    from tests.helpers import FAST
+
+    monkeypatch.setattr(paths, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))  # nothing cached yet
+    # seed 1: not the warm start's own seed (0), which a build would leave the generator at
+    cfg = compose_cfg(*FAST, "recipe_name=tiny_math_grpo", "seed=1", "train.warm_start.eval_every=2",
+                      f"paths.results_dir={tmp_path}")
+    states = []
+    for i in range(2):  # the first builds the warm start, the second finds it cached
+        rl.setup(cfg, run_dir=str(tmp_path / f"run{i}"))
+        states.append(torch.get_rng_state())
+    assert len(list((tmp_path / "cache" / "warm_start").glob("*/DONE"))) == 1
+    assert torch.equal(states[0], states[1])
