@@ -132,7 +132,8 @@ def main() -> None:
           flush=True)
     check = packed_vs_padded()
     print(f"packed vs padded ({check['dtype']}, {check['tokens']} tokens): log-prob |diff| max "
-          f"{check['logprob_max_abs']:.4f} mean {check['logprob_mean_abs']:.5f}; gradients relative diff {check['grad_rel']:.4f} "
+          f"{check['logprob_max_abs']:.4f} mean {check['logprob_mean_abs']:.5f}; "
+          f"gradients relative diff {check['grad_rel']:.4f} "
           f"(worst parameter {check['grad_worst_rel']:.4f})", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_smoke_") as tmp:
         for zero in ZEROS:

@@ -13,7 +13,8 @@ from typing import Callable
 from core.rollout.batch import RolloutBatch, Sampling  # noqa: F401  (the package's public types)
 
 _ENGINES: dict[str, Callable] = {}
-# Engines whose module imports GPU-only packages: imported (and so registered) only when asked for.
+# Each engine's module, imported (and so registered) when the engine is first asked for: vllm's imports
+# GPU-only packages, and no run pays for an engine it does not use.
 _LAZY = {"hf": "core.rollout.hf", "vllm": "core.rollout.vllm"}
 
 

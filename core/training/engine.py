@@ -137,7 +137,8 @@ class TorchEngine:
 
     def step(self) -> dict[str, float]:
         if self._micro != self.grad_accum:
-            raise RuntimeError(f"step() after {self._micro} micro-batches; the engine was built for {self.grad_accum}")
+            raise RuntimeError(f"step() after {self._micro} micro-batches; the engine was built for "
+                               f"{self.grad_accum}")
         self._micro = 0
         if self.master is not None:
             self.master.take_grads()
@@ -156,7 +157,8 @@ class TorchEngine:
         if distributed.is_main():
             torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict(),
-                        "master": self.master.state_dict() if self.master else None}, Path(out_dir) / "engine.pt")
+                        "master": self.master.state_dict() if self.master else None},
+                       Path(out_dir) / "engine.pt")
 
     def load_state(self, out_dir) -> None:
         state = torch.load(Path(out_dir) / "engine.pt", weights_only=False, map_location=_device_of(self.module))
