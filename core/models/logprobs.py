@@ -38,18 +38,30 @@ def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temp
     return token_logprobs(logits.float(), input_ids[:, P:], temperature, with_entropy, entropy_grad)
 
 
+ENTROPY_CHUNK = 1024  # positions per chunk of the logged (no-grad) entropy
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool = False,
                    entropy_grad: bool = False):
-    """``(log-prob of targets [...], entropy [...] or None)`` from ``logits [..., V]`` divided by ``temperature``."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, -1)  # [..., V]
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [...]
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = -(logp_all.exp() * logp_all).sum(-1)  # [...]
-    return logp, entropy
+    """``(log-prob of targets [...], entropy [...] or None)`` from ``logits [..., V]`` divided by ``temperature``.
+
+    Memory is what a real vocabulary makes it (152k entries x every response token of a micro-batch): the
+    log-prob is ``z_target - logsumexp(z)`` (TRL's ``selective_log_softmax``), which keeps no ``[..., V]``
+    log-softmax for backward, and an entropy that is only logged is computed ``ENTROPY_CHUNK`` positions at
+    a time without grad (TRL's ``entropy_from_logits``); ``H = logsumexp(z) - sum(softmax(z) z)``."""
+    z = logits / temperature if temperature != 1.0 else logits  # [..., V]
+    lse = torch.logsumexp(z, -1)  # [...]
+    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [...]
+    if not with_entropy:
+        return logp, None
+    if entropy_grad and torch.is_grad_enabled():  # an entropy bonus: differentiated through the full softmax
+        return logp, lse - (torch.softmax(z, -1) * z).sum(-1)
+    with torch.no_grad():
+        flat, entropy = z.reshape(-1, z.shape[-1]), lse.reshape(-1).clone()  # [K, V], [K]
+        for i in range(0, flat.shape[0], ENTROPY_CHUNK):
+            c = flat[i:i + ENTROPY_CHUNK]  # [k, V]
+            entropy[i:i + ENTROPY_CHUNK] -= (torch.softmax(c, -1) * c).sum(-1)
+    return logp, entropy.view(lse.shape)
 
 
 @torch.no_grad()
