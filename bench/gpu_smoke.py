@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from core.config.composition import compose
+
 TOLERANCE = {"torch.bfloat16": {"logprob_max_abs": 0.25, "logprob_mean_abs": 0.02, "grad_rel": 0.05},
              "torch.float32": {"logprob_max_abs": 1e-4, "logprob_mean_abs": 1e-5, "grad_rel": 1e-4}}
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' datasheets.
@@ -55,18 +57,6 @@ def peak_tflops(name: str) -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from core.paths import CONF_DIR, PROJECT_ROOT
-
-    if not OmegaConf.has_resolver("root"):
-        OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
 def packed_vs_padded() -> dict:
     """Max and mean |log-prob difference| over real response tokens, and the relative gradient difference
     ``|g_packed - g_padded| / |g_padded|`` over all parameters (and of the worst one), packed vs padded, in
@@ -75,7 +65,7 @@ def packed_vs_padded() -> dict:
     from core.models.logprobs import response_logprobs
     from core.rollout import Sampling, build_rollout
 
-    cfg = _compose(MODEL)
+    cfg = compose(MODEL)
     path = model_dir(cfg.model)
     model, tok = load_causal_lm(path, cfg.model).to(DEVICE), load_tokenizer(path)
     eng = build_rollout("hf", model, tok, {"generation_batch_size": 0})
@@ -124,7 +114,7 @@ def main() -> None:
         raise SystemExit("make gpu-smoke needs a CUDA device "
                          "(GPU_SMOKE_DEVICE=cpu GPU_SMOKE_SHAPES=tiny runs it on the CPU)")
     name = torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "cpu"
-    cfg = _compose(MODEL)
+    cfg = compose(MODEL)
     n_params = _count_params(AutoConfig.from_pretrained(model_dir(cfg.model)))
     peak = peak_tflops(name)
     print(f"device {name}, torch {torch.__version__}, model {SHAPES} ({n_params / 1e6:.0f}M parameters, "

@@ -35,18 +35,15 @@ def _peak_mb() -> float:
 
 
 def _cfg():
-    from hydra import compose, initialize_config_dir
-
-    import recipes.run  # noqa: F401  (the ${root:} resolver)
     from core import paths
+    from core.config.composition import compose
 
     data = "pairs_hh_rlhf" if (paths.data_dir() / "hh_rlhf").is_dir() else "pairs_copy_digits"
     over = ["recipe=tiny_rm", f"data={data}", "data.append_eos=true", "data.too_long=drop",
             f"train.max_len={MAX_LEN}", f"train.batch_size={BATCH}", f"train.micro_batch_size={BATCH}",
             "train.epochs=1", f"optim.optimizer.lr={LR}", "optim.scheduler.name=constant",
             "optim.scheduler.warmup_ratio=0.0", "optim.max_grad_norm=1.0", "logger.tensorboard=false"]
-    with initialize_config_dir(str(paths.CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=over)
+    return compose(over)
 
 
 def _pairs(cfg, tokenizer) -> list[dict]:

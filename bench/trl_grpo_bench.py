@@ -50,22 +50,16 @@ PROMPT = os.environ.get("BENCH_PROMPT", "plain")
 
 def shared_cfg():
     """Our config for the shared setting; the TRL side reads model, data and sizes from it."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from core.config.composition import compose
 
-    from core.paths import CONF_DIR, PROJECT_ROOT
-
-    if not OmegaConf.has_resolver("root"):
-        OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
     n = PROMPTS * GROUP
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "recipe_name=bench", f"model={MODEL}", f"device={DEVICE}", "train.warm_start.steps=0",
-            "logger.progress=false", "logger.tensorboard=false", f"train.prompts_per_step={PROMPTS}",
-            f"train.group_size={GROUP}", f"train.mini_batch_size={n}", f"train.micro_batch_size={n}",
-            f"train.logprob_micro_batch_size={n}", f"train.total_steps={STEPS}", f"rollout.max_new_tokens={MAX_NEW}",
-            f"kl.coef={BETA}", "kl.estimator=k3", "kl.placement=loss", "loss.aggregation=token_mean",
-            f"optim.optimizer.lr={LR}", f"seed={SEED}"])
+    cfg = compose([
+        "recipe_name=bench", f"model={MODEL}", f"device={DEVICE}", "train.warm_start.steps=0",
+        "logger.progress=false", "logger.tensorboard=false", f"train.prompts_per_step={PROMPTS}",
+        f"train.group_size={GROUP}", f"train.mini_batch_size={n}", f"train.micro_batch_size={n}",
+        f"train.logprob_micro_batch_size={n}", f"train.total_steps={STEPS}", f"rollout.max_new_tokens={MAX_NEW}",
+        f"kl.coef={BETA}", "kl.estimator=k3", "kl.placement=loss", "loss.aggregation=token_mean",
+        f"optim.optimizer.lr={LR}", f"seed={SEED}"])
     cfg.data.template = TEMPLATES[PROMPT]  # set here: the template's braces and newlines defeat override syntax
     return cfg
 

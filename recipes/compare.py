@@ -1,24 +1,150 @@
-"""Print the results table of finished runs as markdown: ``python -m recipes.compare [--recipe NAME]``.
+"""Compare finished runs: ``python -m recipes.compare [--recipe NAME] [--csv FILE] [--plot FILE]``.
 
-Rows come from ``results/runs.jsonl`` (one per finished run, appended atomically by the loops).
-Columns are the union of the rows' scalar fields in a fixed, readable order.
+Rows come from ``results/runs.jsonl`` (one per finished run, appended atomically by the loops). Runs are
+grouped by recipe and by the config keys whose values differ between that recipe's runs (read from each
+run's ``config.yaml``; the seed, paths, devices and logging never count), and each group shows the mean ±
+std over its seeds of the results (``eval_before``, ``eval_after``, ``train_seconds``, ...), as markdown
+and, with ``--csv``, as CSV. ``--plot FILE.png`` draws the training curves of the runs shown (reward,
+accuracy, response length, KL, entropy, seconds per phase), one line per group: the mean over its seeds.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import json
+import statistics
+from collections import defaultdict
 from pathlib import Path
+
+import yaml
 
 from core.paths import PROJECT_ROOT
 from core.reporting.results import markdown_table, read_rows
 
-_FIRST = ["recipe", "scale", "seed", "steps", "eval_before", "eval_after", "train_seconds", "finished"]
-_LAST = ["overrides", "run_dir"]
+# Config keys that never make two runs different experiments.
+IGNORED = ("seed", "resume", "device", "cpu_threads", "paths.", "logger.", "hydra.", "recipe_name")
+# Results averaged over seeds, in this order (others that are numbers follow).
+RESULTS = ["eval_before", "eval_after", "steps", "train_seconds"]
+# Training curves: (title, metrics.jsonl keys drawn in it).
+CURVES = [("reward", ["reward/mean"]), ("accuracy", ["accuracy"]), ("response length", ["length/mean"]),
+          ("KL", ["kl"]), ("entropy", ["entropy"]),
+          ("seconds per phase", ["time/generate", "time/verify", "time/logprobs", "time/update"])]
 
 
-def columns(rows: list[dict]) -> list[str]:
-    keys = {k for r in rows for k, v in r.items() if not isinstance(v, (dict, list)) or k in _LAST}
-    middle = sorted(keys - set(_FIRST) - set(_LAST))
-    return [k for k in _FIRST if k in keys] + middle + [k for k in _LAST if k in keys]
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: json.dumps(node, sort_keys=True) if isinstance(node, (list, dict)) else node}
+
+
+def _config(run_dir: str) -> dict:
+    path = Path(run_dir) / "config.yaml"
+    flat = _flat(yaml.safe_load(path.read_text())) if path.exists() else {}
+    return {k: v for k, v in flat.items() if not any(k == i or (i.endswith(".") and k.startswith(i)) for i in IGNORED)}
+
+
+def group(rows: list[dict]) -> list[dict]:
+    """One entry per (recipe, values of the keys that differ between the recipe's runs): the group's
+    ``recipe``, ``config`` (those keys and values), ``runs`` and ``seeds``."""
+    by_recipe = defaultdict(list)
+    for r in rows:
+        by_recipe[r.get("recipe")].append((r, _config(r.get("run_dir", ""))))
+    groups = []
+    for recipe, members in by_recipe.items():
+        keys = sorted({k for _, c in members for k in c})
+        differ = [k for k in keys if len({json.dumps(c.get(k), default=str) for _, c in members}) > 1]
+        buckets = defaultdict(list)
+        for r, c in members:
+            buckets[tuple((k, c.get(k)) for k in differ)].append(r)
+        for key, runs in buckets.items():
+            groups.append({"recipe": recipe, "config": dict(key), "runs": runs,
+                           "seeds": sorted(r.get("seed") for r in runs)})
+    return groups
+
+
+def _stat(values: list[float]) -> str:
+    if not values:
+        return ""
+    mean = statistics.fmean(values)
+    return f"{mean:.4g}" if len(values) == 1 else f"{mean:.4g} ± {statistics.stdev(values):.2g}"
+
+
+def table(groups: list[dict]) -> tuple[list[str], list[dict]]:
+    """Columns and rows of the comparison: recipe, the differing keys, n and seeds, then mean ± std."""
+    keys = sorted({k for g in groups for k in g["config"]})
+    numeric = sorted({k for g in groups for r in g["runs"] for k, v in r.items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seed"})
+    results = [k for k in RESULTS if k in numeric] + [k for k in numeric if k not in RESULTS]
+    out = []
+    for g in groups:
+        row = {"recipe": g["recipe"], **{k: g["config"].get(k, "") for k in keys}, "n": len(g["runs"]),
+               "seeds": " ".join(str(s) for s in g["seeds"])}
+        for k in results:
+            row[k] = _stat([float(r[k]) for r in g["runs"] if isinstance(r.get(k), (int, float))])
+        out.append(row)
+    return ["recipe", *keys, "n", "seeds", *results], out
+
+
+def _label(g: dict) -> str:
+    return g["recipe"] + "".join(f" {k}={v}" for k, v in g["config"].items())
+
+
+def plot(groups: list[dict], out: Path) -> Path:
+    """Training curves, one line per group (the mean over its seeds at each step), one panel per curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5), constrained_layout=True)
+    for ax, (title, keys) in zip(axes.flat, CURVES):
+        for i, g in enumerate(groups):
+            curves = [_curves(r["run_dir"]) for r in g["runs"]]
+            for j, key in enumerate(keys):
+                steps, mean = _mean_curve([c.get(key, {}) for c in curves])
+                if steps:
+                    style = ["-", "--", ":", "-."][j % 4]
+                    ax.plot(steps, mean, style, color=f"C{i}", lw=1.6,
+                            label=_label(g) + (f" {key.split('/')[-1]}" if len(keys) > 1 else ""))
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.ticklabel_format(axis="y", useOffset=False)
+        ax.grid(alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    phase_handles, phase_labels = axes.flat[-1].get_legend_handles_labels()
+    axes.flat[0].legend(handles, labels, fontsize=8, loc="best")
+    if len(phase_labels) > len(labels):
+        axes.flat[-1].legend(phase_handles, phase_labels, fontsize=7, loc="best")
+    n = sum(len(g["runs"]) for g in groups)
+    fig.suptitle(f"{n} run{'s' * (n > 1)} in {len(groups)} group{'s' * (len(groups) > 1)} (mean over seeds)")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _curves(run_dir: str) -> dict[str, dict[int, float]]:
+    """``{metric: {step: value}}`` from a run's ``metrics.jsonl`` (the training steps' rows)."""
+    out = defaultdict(dict)
+    path = Path(run_dir) / "metrics.jsonl"
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        row = json.loads(line)
+        if "reward/mean" in row or "loss" in row:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    out[k][row["step"]] = float(v)
+    return out
+
+
+def _mean_curve(curves: list[dict[int, float]]) -> tuple[list[int], list[float]]:
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves and all(curves) else []
+    return steps, [statistics.fmean(c[s] for c in curves) for s in steps]
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -26,17 +152,30 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--results-dir", default=str(PROJECT_ROOT / "results"), help="folder holding runs.jsonl")
     ap.add_argument("--recipe", default=None, help="only rows of this recipe")
     ap.add_argument("--last", type=int, default=0, help="only the last N rows (0 = all)")
+    ap.add_argument("--csv", default=None, help="also write the comparison as CSV to this file")
+    ap.add_argument("--plot", default=None, help="also draw the runs' training curves into this PNG")
     args = ap.parse_args(argv)
     rows = read_rows(Path(args.results_dir))
     if args.recipe:
         rows = [r for r in rows if r.get("recipe") == args.recipe]
     if args.last:
         rows = rows[-args.last:]
-    for r in rows:
-        if isinstance(r.get("overrides"), list):
-            r["overrides"] = " ".join(r["overrides"])
-    out = markdown_table(rows, columns(rows)) if rows else f"no finished runs in {args.results_dir}/runs.jsonl"
+    if not rows:
+        out = f"no finished runs in {args.results_dir}/runs.jsonl"
+        print(out)
+        return out
+    groups = group(rows)
+    columns, body = table(groups)
+    out = markdown_table(body, columns)
     print(out)
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(body)
+        print(f"CSV: {args.csv}")
+    if args.plot:
+        print(f"curves: {plot(groups, Path(args.plot))}")
     return out
 
 

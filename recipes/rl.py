@@ -18,7 +18,6 @@ fp32 master weights. Under ZeRO-3 every model is built partitioned (``core.train
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -27,7 +26,6 @@ from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from core.algorithms import shaping
@@ -36,17 +34,18 @@ from core.algorithms.kl_control import KLController
 from core.algorithms.loss import AGGREGATIONS, AggContext, LossInput, compute_policy_loss, kl_penalty, masked_mean
 from core.config import validate
 from core.config.frozen import FrozenConfig, freeze
-from core.config.scale import apply_scale
+from core.config.resume import check_resume_config, write_config
 from core.data import prompts as D
 from core.models.critic import chunked_values, load_critic, token_values, value_loss
 from core.models.loading import load_causal_lm, load_tokenizer, model_dir
 from core.models.logprobs import chunked_logprobs, response_logprobs
 from core.models.warm_start import warm_started_dir
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
-from core.reporting.results import append_row
+from core.reporting.results import append_row, write_summary
 from core.rollout import RolloutBatch, Sampling, build_rollout
 from core.training import distributed
-from core.training.checkpoint import atomic_dir, load_training_state, save_training_state, seed_everything
+from core.training.checkpoint import (AlreadyFinished, atomic_dir, load_training_state, prior_run,
+                                     save_training_state, seed_everything)
 from core.training.device import check_precision, resolve_device
 from core.training.engine import FrozenModel, build_train_engine, model_init
 from verifiers import get_verifier
@@ -79,14 +78,19 @@ class Run:
 
 def main(cfg, run_dir: str | None = None) -> float:
     """Setup, train, save; returns the final greedy held-out accuracy (the sweep objective).
-    ``run_dir`` defaults to Hydra's run dir (given explicitly by tests that compose configs)."""
-    run = setup(cfg, run_dir)
+    ``run_dir`` defaults to Hydra's run dir (given explicitly by tests that compose configs). A run dir
+    that holds a finished run is not run again (``resume`` true or auto): its recorded objective returns."""
+    try:
+        run = setup(cfg, run_dir)
+    except AlreadyFinished as done:
+        log.info("%s already finished (%d steps); nothing to resume", done.summary["run_dir"], done.summary["steps"])
+        return float(done.summary["eval_after"])
     train(run)
     return save(run)
 
 
 def setup(cfg, run_dir: str | None = None) -> Run:
-    cfg = apply_scale(cfg)
+    cfg = validate.final_config(cfg)  # scale applied, every key checked against its schema: before anything else
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     dtype = check_precision(cfg.model.dtype, device)
     rank, world = distributed.init(device)
@@ -95,9 +99,11 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     plan = validate.check_rl(cfg, world_size=world, num_train_rows=len(train_rows))  # before any model
     verifier = get_verifier(cfg.verifier.name)
     run_dir = Path(distributed.broadcast_object(str(run_dir or HydraConfig.get().runtime.output_dir)))
-    if distributed.is_main():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    prior = prior_run(run_dir, cfg.resume)  # before any model: what the dir holds must fit `resume`
+    if prior.checkpoint is not None:
+        check_resume_config(run_dir, cfg)
+    elif distributed.is_main():
+        write_config(run_dir, cfg)
     distributed.barrier()
     cfg = freeze(cfg)  # validated and saved: plain read-only containers from here (core/config/frozen.py)
     path = model_dir(cfg.model)
@@ -124,13 +130,16 @@ def setup(cfg, run_dir: str | None = None) -> Run:
               critic=critic, kl_ctl=KLController(cfg.kl))
     if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
         seed_everything(int(cfg.seed) + 1_000_003 * rank)
-    _maybe_resume(run)
+    if prior.checkpoint is not None:
+        _resume(run, prior.checkpoint)
+    else:
+        run.writer.rewind(0, 0)  # resume=auto without a checkpoint: a killed attempt's records go
     return run
 
 
 def _wants_reference(kl_cfg) -> bool:
     """``kl.reference``: auto builds the reference iff beta > 0 (OpenRLHF, TRL skip it at 0)."""
-    ref = kl_cfg.get("reference", "auto")
+    ref = kl_cfg.reference
     return float(kl_cfg.coef) > 0 if ref == "auto" else bool(ref)
 
 
@@ -145,13 +154,16 @@ def _critic_optim(cfg) -> FrozenConfig:
     return FrozenConfig({**cfg.optim, "optimizer": FrozenConfig({**cfg.optim.optimizer, "lr": lr})})
 
 
-def _maybe_resume(run: Run) -> None:
-    ckpt = run.run_dir / "checkpoint"
-    if run.cfg.resume and (ckpt / "trainer.json").exists():
-        state = load_training_state(ckpt, _Engines(run))
-        run.step, run.history = state["step"], state["history"]
-        run.sampler.restore(state["sampler"])
-        run.kl_ctl.beta = float(state.get("kl_beta", run.kl_ctl.beta))
+def _resume(run: Run, ckpt: Path) -> None:
+    """Engines, RNG streams, step, history, sampler and KL beta from ``ckpt``; the records cut back to what
+    the checkpoint saw, so the steps after it are logged once, by this run."""
+    state = load_training_state(ckpt, _Engines(run))
+    run.step, run.history = state["step"], state["history"]
+    run.sampler.restore(state["sampler"])
+    run.kl_ctl.beta = float(state["kl_beta"])
+    run.writer.rewind(state["metrics_rows"], state["sample_rows"])
+    if distributed.is_main():
+        write_config(run.run_dir, run.cfg)  # the resumed config (only keys a resume may change differ)
 
 
 class _Engines:
@@ -192,7 +204,8 @@ def train(run: Run) -> None:
         if int(t.checkpoint_every) and run.step % int(t.checkpoint_every) == 0:
             save_training_state(run.run_dir / "checkpoint", _Engines(run),
                                 {"step": run.step, "history": run.history, "sampler": run.sampler.state(),
-                                 "kl_beta": run.kl_ctl.beta})
+                                 "kl_beta": run.kl_ctl.beta, "metrics_rows": run.writer.rows,
+                                 "sample_rows": run.writer.sample_rows})
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
     run.history["eval_after"] = evaluate(run)
@@ -210,15 +223,16 @@ def rl_step(run: Run) -> dict:
         roll = run.rollout.generate([run.train_ids[i] for i in idx for _ in range(G)],
                                     Sampling.from_cfg(cfg.rollout))
     with timer.phase("verify"):
-        raw, valid = score(run, roll, rows)  # [N], [N]
+        raw, valid, texts = score(run, roll, rows)  # [N], [N], N
     stopped = roll.stopped  # [N]
+    log_samples(run, rows, texts, raw, valid, roll.finish_reason)
     # None rewards per train.shaping.none_reward, then the score-level shaping
     scores, mask = shaping.shape(raw, valid, roll.response_mask, stopped, int(cfg.rollout.max_new_tokens),
                                  cfg.train.shaping)  # [N], [N, R]
     with timer.phase("logprobs"):
         fw = rollout_forwards(run, roll)
     kl_reward, kl_metrics = in_reward_kl(run, fw, mask)  # [N, R] or None
-    clip = cfg.train.shaping.get("reward_clip")
+    clip = cfg.train.shaping.reward_clip
     adv, ret = compute_advantages(AdvantageInput(scores, mask, G, fw.values, kl_reward,
                                                  tuple(clip) if clip else None), cfg.advantage)  # [N, R] x2
     with timer.phase("update"):
@@ -241,14 +255,26 @@ def rl_step(run: Run) -> dict:
     }
 
 
-def score(run: Run, roll: RolloutBatch, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Verifier rewards ``[N]`` and a validity mask ``[N]`` (False where the verifier said None), on the
-    run's device."""
+def score(run: Run, roll: RolloutBatch, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Verifier rewards ``[N]``, a validity mask ``[N]`` (False where the verifier said None), on the run's
+    device, and the decoded completions."""
     texts = decode_responses(run.tokenizer, roll)
     cols = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    rewards = run.verifier(texts, **cols, **run.cfg.verifier.get("kwargs", {}))
+    rewards = run.verifier(texts, **cols, **run.cfg.verifier.kwargs)
     valid = torch.tensor([r is not None for r in rewards], device=run.device)
-    return torch.tensor([0.0 if r is None else float(r) for r in rewards], device=run.device), valid
+    return torch.tensor([0.0 if r is None else float(r) for r in rewards], device=run.device), valid, texts
+
+
+def log_samples(run: Run, rows: list[dict], texts: list[str], raw, valid, finish: list[str]) -> None:
+    """Every ``logger.samples_every`` steps, ``logger.samples`` of this rank's completions, one per prompt
+    group, with prompt, reward and finish reason (``samples.jsonl``, TensorBoard text)."""
+    every, step = int(run.cfg.logger.samples_every), run.step + 1  # the step these rows will be logged as
+    if not every or step % every:
+        return
+    G = int(run.cfg.train.group_size)
+    picks = range(0, len(rows), G)[:int(run.cfg.logger.samples)]
+    run.writer.samples(step, [{"prompt": rows[i]["prompt"], "completion": texts[i], "answer": rows[i].get("answer"),
+                               "reward": raw[i].item() if valid[i] else None, "finish": finish[i]} for i in picks])
 
 
 def decode_responses(tokenizer, roll: RolloutBatch) -> list[str]:
@@ -272,9 +298,9 @@ def rollout_forwards(run: Run, roll: RolloutBatch) -> Forwards:
     ``old = current.detach()`` exactly, as TRL does. Reference and critic forwards when those exist.
     All chunked by ``train.logprob_micro_batch_size`` (the sources' forward micro-batch knob)."""
     cfg, mb = run.cfg, int(run.cfg.train.logprob_micro_batch_size)
-    temp = float(cfg.rollout.temperature) or 1.0
+    temp = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)  # greedy: T = 1 log-probs
     args = (roll.input_ids, roll.attention_mask, roll.prompt_length)
-    is_mode = (cfg.loss.get("is_correction") or {}).get("mode", "none")
+    is_mode = cfg.loss.is_correction.mode
     need_old = (run.plan["optimizer_steps_per_rl_step"] > 1 or is_mode != "none"
                 or (run.ref is not None and cfg.kl.placement == "reward"))
     packing = cfg.train.packing
@@ -324,7 +350,7 @@ def epoch_order(run: Run, n: int, epoch: int) -> torch.Tensor:
     ``train.shuffle_mini_batches`` a permutation drawn from its own generator seeded by (seed, rank, RL
     step, epoch), so the global RNG stream is untouched and a resumed run draws the same order (each
     learner permutes its local samples, as Open-Instruct does)."""
-    if not run.cfg.train.get("shuffle_mini_batches", False):
+    if not run.cfg.train.shuffle_mini_batches:
         return torch.arange(n, device=run.device)  # [n]
     seed = int(run.cfg.seed) * 1_000_003 + run.step * 1_009 + epoch + 7_919 * distributed.rank()
     gen = torch.Generator().manual_seed(seed)
@@ -335,10 +361,10 @@ def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, f
     """Forward, loss and backward of one micro-batch (rows ``sl``) for the policy and, if present, the
     critic."""
     cfg, engine = run.cfg, run.engine
-    temp = float(cfg.rollout.temperature) or 1.0
+    temp = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)  # greedy: T = 1 log-probs
     ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
     lp, ent = engine.forward(response_logprobs, ids, am, P, temp, with_entropy=True,
-                             entropy_grad=bool(cfg.loss.get("entropy_coef")), packing=cfg.train.packing)
+                             entropy_grad=bool(cfg.loss.entropy_coef), packing=cfg.train.packing)
     inp = LossInput(lp, fw.old[sl] if fw.old is not None else lp.detach(), adv[sl], mask[sl],
                     fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
     loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)
@@ -348,7 +374,7 @@ def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, f
         c = cfg.advantage.critic
         v = run.critic.forward(token_values, ids, am, P, cfg.train.packing)  # [n, R]
         vmask = value_mask(mask[sl], cfg.advantage)  # [n, R] where the returns live
-        per_token = value_loss(v, fw.values[sl], ret[sl], c.get("clip"))  # [n, R]
+        per_token = value_loss(v, fw.values[sl], ret[sl], c.clip)  # [n, R]
         vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, vmask, agg)
         run.critic.backward(vloss)
         metrics["value/loss"] = vloss.item() * agg.num_micro_batches
@@ -378,16 +404,15 @@ def evaluate(run: Run) -> float:
         if rows or not gather:  # ungathered ZeRO-3 forwards are collective: a rank with no rows decodes one anyway
             roll = run.rollout.generate(ids or run.eval_ids[:1], Sampling.from_cfg(run.cfg.rollout, greedy=True))
         if rows:
-            scores, valid = score(run, roll, rows)
+            scores, valid, _ = score(run, roll, rows)
             counts += torch.tensor([float(((scores > 0) & valid).sum()), float(valid.sum())], dtype=torch.float64)
     correct, scored = distributed.all_sum(counts).tolist()
     return correct / scored if scored else float("nan")
 
 
 def save(run: Run) -> float:
-    """Final Hugging Face checkpoint (atomic) and one summary row in the results table."""
-    from core.training.checkpoint import atomic_dir
-
+    """Final Hugging Face checkpoint (atomic), one row in the results table, then ``summary.json``: the
+    mark of a finished run (a kill before it resumes and finishes; the row is not appended twice)."""
     with atomic_dir(run.run_dir / "model") as tmp:  # collective: ZeRO-3 gathers, rank 0 writes
         run.engine.save_pretrained(tmp, run.tokenizer)
     run.writer.close()
@@ -400,8 +425,8 @@ def save(run: Run) -> float:
         "train_seconds": round(h["train_seconds"], 2), "overrides": _overrides(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    (run.run_dir / "summary.json").write_text(json.dumps(row, indent=1))
     append_row(Path(cfg.paths.results_dir), row)
+    write_summary(run.run_dir, row)
     log.info("greedy held-out accuracy: before RL %.3f, after RL %.3f (%d steps, %.1f s); run dir %s",
              h["eval_before"], h["eval_after"], run.step, h["train_seconds"], run.run_dir)
     return h["eval_after"] if not math.isnan(h["eval_after"]) else 0.0

@@ -8,27 +8,31 @@ and after training; the final eval rewards' mean/std are saved with the model so
 """
 from __future__ import annotations
 
-import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from core.config.scale import apply_scale
+from core.config.validate import final_config
+from core.config.resume import check_resume_config, write_config
 from core.data import preferences as PD
 from core.data.prompts import DataError, PromptSampler
 from core.models import reward_model as RM
 from core.models.loading import load_tokenizer, model_dir
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
-from core.reporting.results import append_row
+from core.reporting.results import append_row, write_summary
 from core.training import distributed
-from core.training.checkpoint import atomic_dir, load_training_state, save_training_state, seed_everything
+from core.training.checkpoint import (AlreadyFinished, atomic_dir, load_training_state, prior_run,
+                                     save_training_state, seed_everything)
 from core.training.device import check_precision, resolve_device
 from core.training.engine import build_train_engine, model_init
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,14 +53,19 @@ class Run:
 
 
 def main(cfg) -> float:
-    """Setup, train, save; returns the final held-out pair accuracy (the sweep objective)."""
-    run = setup(cfg)
+    """Setup, train, save; returns the final held-out pair accuracy (the sweep objective). A run dir that
+    holds a finished run is not run again (``resume`` true or auto): its recorded objective returns."""
+    try:
+        run = setup(cfg)
+    except AlreadyFinished as done:
+        log.info("%s already finished (%d steps); nothing to resume", done.summary["run_dir"], done.summary["steps"])
+        return float(done.summary.get("eval_after") or 0.0)
     train(run)
     return save(run)
 
 
 def setup(cfg) -> Run:
-    cfg = apply_scale(cfg)
+    cfg = final_config(cfg)  # scale applied, every key checked against its schema: before anything else
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     dtype = check_precision(cfg.model.dtype, device)
     distributed.init(device)
@@ -66,8 +75,11 @@ def setup(cfg) -> Run:
     if int(cfg.train.lora.rank) > 0:
         RM.check_lora_targets(cfg.train.lora, RM.model_skeleton(cfg.model))  # meta device, no weights
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    prior = prior_run(run_dir, cfg.resume)  # before any model: what the dir holds must fit `resume`
+    if prior.checkpoint is not None:
+        check_resume_config(run_dir, cfg)
+    else:
+        write_config(run_dir, cfg)
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     tokenizer.padding_side = cfg.train.padding_side
@@ -82,7 +94,10 @@ def setup(cfg) -> Run:
     run = Run(cfg, run_dir, plan, train_pairs, eval_pairs, stats, tokenizer, device, engine,
               PromptSampler(len(train_pairs), int(cfg.train.batch_size), int(cfg.seed)),
               MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard)))
-    _maybe_resume(run)
+    if prior.checkpoint is not None:
+        _resume(run, prior.checkpoint)
+    else:
+        run.writer.rewind(0)  # resume=auto without a checkpoint: a killed attempt's records go
     return run
 
 
@@ -94,7 +109,7 @@ def plan_batches(t, num_pairs: int) -> dict:
         raise ValueError(f"train.batch_size={batch} is not a multiple of micro_batch_size x world "
                          f"= {micro} x {world}")
     steps = int(t.epochs) * (num_pairs // batch)  # both sources floor: len(data) // batch_size
-    if t.get("max_steps"):
+    if t.max_steps:
         steps = min(steps, int(t.max_steps))
     if steps < 1:
         raise DataError(f"data: {num_pairs} usable training pairs make no optimiser step of "
@@ -112,12 +127,13 @@ def build_model(path: str, cfg, tokenizer):
     return model.train()  # from_pretrained returns eval mode, where HF skips gradient checkpointing
 
 
-def _maybe_resume(run: Run) -> None:
-    ckpt = run.run_dir / "checkpoint"
-    if run.cfg.resume and (ckpt / "trainer.json").exists():
-        state = load_training_state(ckpt, run.engine)
-        run.step, run.history = state["step"], state["history"]
-        run.sampler.restore(state["sampler"])
+def _resume(run: Run, ckpt: Path) -> None:
+    """Engine, RNG streams, step, history and sampler from ``ckpt``; the records cut back to what it saw."""
+    state = load_training_state(ckpt, run.engine)
+    run.step, run.history = state["step"], state["history"]
+    run.sampler.restore(state["sampler"])
+    run.writer.rewind(state["metrics_rows"])
+    write_config(run.run_dir, run.cfg)
 
 
 def train(run: Run) -> None:
@@ -140,7 +156,8 @@ def train(run: Run) -> None:
         bar.update()
         if int(t.checkpoint_every) and run.step % int(t.checkpoint_every) == 0:
             save_training_state(run.run_dir / "checkpoint", run.engine,
-                                {"step": run.step, "history": run.history, "sampler": run.sampler.state()})
+                                {"step": run.step, "history": run.history, "sampler": run.sampler.state(),
+                                 "metrics_rows": run.writer.rows})
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
     run.history["eval_after"] = evaluate(run, keep_rewards=True)
@@ -214,9 +231,16 @@ def save(run: Run) -> float:
         "data": {s: st.as_metrics(s) for s, st in run.data_stats.items()}, "overrides": _overrides(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    (run.run_dir / "summary.json").write_text(json.dumps(row, indent=1))
     append_row(Path(cfg.paths.results_dir), row)
+    write_summary(run.run_dir, row)  # the mark of a finished run, after its row
+    log.info("held-out pair accuracy: before %s, after %s (%d pairs; %d steps, %.1f s); run dir %s",
+             _fmt(row["eval_before"]), _fmt(row["eval_after"]), len(run.eval_pairs), run.step, h["train_seconds"],
+             run.run_dir)
     return float(after.get("eval/accuracy") or 0.0)
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
 
 
 def _overrides() -> list[str]:

@@ -1,24 +1,33 @@
 """Entry point: ``python -m recipes.run [recipe=NAME] [scale=tiny] [key=value ...]``.
 
-Composes ``conf/config.yaml`` with Hydra (no change of working directory), applies the ``scale``
-group, and hands the config to the loop named by ``loop`` (``recipes/<loop>.py``). Returns the
-loop's objective so Hydra sweepers can optimise it.
+Composes ``conf/config.yaml`` with Hydra (no change of working directory) and hands the config to the
+loop named by ``loop`` (``recipes/<loop>.py``), which applies ``scale`` and checks every key before
+anything else (core/config/validate.py ``final_config``). Returns the loop's objective so Hydra sweepers
+can optimise it.
+
+Two things differ from a plain ``@hydra.main`` script: ``--cfg job`` prints the config the loop will run,
+after ``scale`` (Hydra's own would print it before), and a bad config, data file or resume prints its
+message and exits 1 instead of a traceback; a key Hydra refuses while composing gets the nearest valid
+names added. Every other error keeps its full traceback.
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
-from core.paths import CONF_DIR, PROJECT_ROOT  # noqa: E402
+from core.config.composition import register_resolvers  # noqa: E402
+from core.paths import CONF_DIR  # noqa: E402
 
-if not OmegaConf.has_resolver("root"):
-    OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+register_resolvers()
 
 _NOT_LOOPS = {"__init__", "run", "compare", "explain", "plan"}
 
@@ -62,5 +71,54 @@ def set_cpu_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
+def _print_job_config(argv: list[str]) -> bool:
+    """``--cfg job`` (``-c job``): print the final config (scale applied) and return True."""
+    for flag in ("--cfg", "-c"):
+        if flag in argv and argv[argv.index(flag) + 1:argv.index(flag) + 2] == ["job"]:
+            break
+    else:
+        return False
+    from omegaconf import OmegaConf
+
+    from core.config.composition import compose
+    from core.config.scale import apply_scale
+
+    i = argv.index(flag)
+    rest = argv[:i] + argv[i + 2:]
+    overrides = [a for a in rest if not a.startswith("-")]
+    cfg = compose(overrides, with_hydra=True)
+    keys = tuple(o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o)
+    print(OmegaConf.to_yaml(apply_scale(cfg, keys), resolve="--resolve" in rest), end="")
+    return True
+
+
+def _nearest(cause) -> str:
+    """For a key the schema lacks (OmegaConf's ConfigKeyError or ConfigAttributeError, which carry the key and
+    the schema): the nearest valid names."""
+    schema, key = getattr(cause, "object_type", None), getattr(cause, "key", None)
+    if not (dataclasses.is_dataclass(schema) and isinstance(key, str)):
+        return ""
+    near = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(schema)], n=3, cutoff=0.5)
+    return f"did you mean {' or '.join(near)}?" if near else ""
+
+
+def cli() -> None:
+    from hydra.errors import ConfigCompositionException
+
+    from core.errors import InputError
+
+    if _print_job_config(sys.argv[1:]):
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach this function, which prints input errors briefly
+    try:
+        main()
+    except ConfigCompositionException as e:
+        cause = e.__cause__
+        hint = _nearest(cause) if cause is not None else ""
+        sys.exit("\n".join(x for x in (str(e), str(cause) if cause else "", hint) if x))
+    except InputError as e:
+        sys.exit(f"{type(e).__name__}: {e}")
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
 
+from core.config import schema
 from core.paths import PROJECT_ROOT
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -18,7 +18,7 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num
 def tiny_model(arch: str = "qwen2", seed: int = 0):
     from core.models.loading import load_causal_lm, load_tokenizer, model_dir
 
-    cfg = OmegaConf.create({"name_or_path": None, "arch": arch, "tiny": TINY, "init_seed": seed, "dtype": "float32"})
+    cfg = schema.node(schema.ModelConfig, {"name_or_path": None, "arch": arch, "tiny": TINY, "init_seed": seed, "dtype": "float32"})
     path = model_dir(cfg)
     return load_causal_lm(path, cfg), load_tokenizer(path)
 
@@ -31,16 +31,24 @@ FAST = ["logger.progress=false", "logger.tensorboard=false", "train.total_steps=
         "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64"]
 
 
-def run_cli(tmp: Path, *overrides: str, multirun: bool = False, timeout: int = 300,
-            nproc: int = 1) -> subprocess.CompletedProcess:
-    """``python -m recipes.run`` with outputs under ``tmp`` (run dir, results table); ``nproc > 1``
+def cli_command(tmp: Path, *overrides: str, multirun: bool = False, nproc: int = 1, default_dirs: bool = False):
+    """The ``python -m recipes.run`` command line with outputs under ``tmp`` (run dir, results table; with
+    ``default_dirs`` the run or sweep dir is the config's own, below ``tmp/results``); ``nproc > 1``
     launches it with ``torchrun --standalone`` (CPU ranks over gloo)."""
-    dirs = [f"hydra.sweep.dir={tmp}/sweep"] if multirun else [f"hydra.run.dir={tmp}/run"]
+    dirs = [] if default_dirs else [f"hydra.sweep.dir={tmp}/sweep"] if multirun else [f"hydra.run.dir={tmp}/run"]
     launch = [sys.executable, "-m", "recipes.run"] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "recipes.run"]
-    cmd = [*launch, *(["-m"] if multirun else []), *dirs, f"paths.results_dir={tmp}/results", *overrides]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return [*launch, *(["-m"] if multirun else []), *dirs, f"paths.results_dir={tmp}/results", *overrides]
+
+
+CLI_ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HYDRA_FULL_ERROR": "0"}
+
+
+def run_cli(tmp: Path, *overrides: str, multirun: bool = False, timeout: int = 300, nproc: int = 1,
+            default_dirs: bool = False) -> subprocess.CompletedProcess:
+    """Run :func:`cli_command` to its end."""
+    cmd = cli_command(tmp, *overrides, multirun=multirun, nproc=nproc, default_dirs=default_dirs)
+    return subprocess.run(cmd, cwd=PROJECT_ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=timeout)
 
 
 def results(tmp: Path) -> list[dict]:

@@ -5,12 +5,11 @@ import re
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
+from core.config.composition import register_resolvers
 from core.paths import CONF_DIR, PROJECT_ROOT
 
-if not OmegaConf.has_resolver("root"):
-    OmegaConf.register_new_resolver("root", lambda: str(PROJECT_ROOT))
+register_resolvers()
 
 RECIPES = sorted(p.stem for p in (CONF_DIR / "recipe").rglob("*.yaml"))
 GROUP_FILES = sorted(p for p in CONF_DIR.rglob("*.yaml")

@@ -15,7 +15,7 @@ from tests.helpers import results, run_cli
 # cross-rank reduction matter to the gradient.
 SAME = ["scale=tiny", "logger.progress=false", "logger.tensorboard=false", "train.eval_prompts=16",
         "train.warm_start.steps=0", "verifier.name=tests.stub_rewards:gold_parity", "advantage=reinforce_pp",
-        "kl=k1", "rollout.temperature=0", "loss.aggregation=token_mean_global"]
+        "kl=k1", "rollout.greedy=true", "loss.aggregation=token_mean_global"]
 
 
 def _run(tmp: Path, nproc: int, *overrides: str):
@@ -57,12 +57,27 @@ def test_two_ranks_train_like_one_process(one_process, tmp_path, zero):
 
 
 @pytest.mark.distributed
-def test_two_rank_checkpoint_resumes(tmp_path):
+def test_two_rank_run_killed_after_a_checkpoint_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from core.paths import PROJECT_ROOT
+    from tests.helpers import CLI_ENV, cli_command
+
     common = ["scale=tiny", "logger.progress=false", "logger.tensorboard=false", "train.eval_prompts=8",
-              "train.warm_start.steps=0", "train.checkpoint_every=1", "zero=stage2"]
-    _run(tmp_path, 2, *common, "train.total_steps=1")
+              "train.warm_start.steps=0", "train.checkpoint_every=1", "zero=stage2", "train.total_steps=3"]
     ckpt = tmp_path / "run" / "checkpoint"
-    assert (ckpt / "rng.pt").exists() and (ckpt / "rng.rank1.pt").exists()  # each rank's RNG stream
-    _run(tmp_path, 2, *common, "train.total_steps=2", "resume=true")
-    assert json.loads((ckpt / "trainer.json").read_text())["step"] == 2
-    assert [r["step"] for r in _rows(tmp_path) if "loss" in r] == [1, 2]
+    proc = subprocess.Popen(cli_command(tmp_path, *common, nproc=2), cwd=PROJECT_ROOT, env=CLI_ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    while proc.poll() is None and not (ckpt / "rng.rank1.pt").exists():
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, right after the first checkpoint
+    proc.wait()
+    step = json.loads((ckpt / "trainer.json").read_text())["step"]
+    assert step < 3 and (ckpt / "rng.pt").exists()  # each rank's RNG stream
+    _run(tmp_path, 2, *common, "resume=true")
+    assert json.loads((ckpt / "trainer.json").read_text())["step"] == 3
+    assert [r["step"] for r in _rows(tmp_path) if "loss" in r] == [1, 2, 3]
+    assert len(results(tmp_path)) == 1

@@ -5,15 +5,15 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from core.algorithms.advantage import ADVANTAGES, AdvantageInput
 from core.algorithms.loss import AggContext, LossInput, compute_policy_loss
+from core.config import schema
 
-ADV_CFG = OmegaConf.create({"name": "grpo", "std": "group", "unbiased_std": True, "eps": 1e-4})
-LOSS_CFG = OmegaConf.create({"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
+ADV_CFG = schema.node(schema.GrpoAdvantageConfig, {"name": "grpo", "std": "group", "unbiased_std": True, "eps": 1e-4})
+LOSS_CFG = schema.node(schema.LossConfig, {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
                              "aggregation": "token_mean"})
-KL_CFG = OmegaConf.create({"estimator": "k3", "coef": 0.1, "placement": "loss"})
+KL_CFG = schema.node(schema.KLConfig, {"estimator": "k3", "coef": 0.1, "placement": "loss"})
 
 
 def test_grpo_advantage_hand_computed():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from core.config import schema
 from core.models.logprobs import response_logprobs
 from core.rollout import Sampling, build_rollout
 from core.rollout.batch import assemble, concat_rollouts, left_pad, response_mask_from_ids
@@ -23,7 +23,7 @@ def _prompts(tok):
 
 
 def _engine(model, tok, **kw):
-    return build_rollout("hf", model, tok, OmegaConf.create({"generation_batch_size": 0, **kw}))
+    return build_rollout("hf", model, tok, schema.node(schema.RolloutConfig, {"generation_batch_size": 0, **kw}))
 
 
 def test_response_mask_stops_after_first_eos():
@@ -114,7 +114,7 @@ def test_concat_rollouts_repads_both_sides(model_tok):
 def test_unknown_engine_lists_names(model_tok):
     model, tok = model_tok
     with pytest.raises(KeyError, match="hf"):
-        build_rollout("nope", model, tok, OmegaConf.create({}))
+        build_rollout("nope", model, tok, schema.node(schema.RolloutConfig))
 
 
 def test_the_checkpoints_generation_defaults_do_not_leak_in(model_tok):

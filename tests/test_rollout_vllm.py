@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from core.config import schema
 from core.rollout.vllm import _chosen_logprob, _to_rollout
 
 
@@ -37,8 +37,8 @@ def test_vllm_greedy_matches_hf_greedy_and_logprobs_match_a_forward():
     model = model.cuda()
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["1+2=", "10+20=", "99+1="]]
     sp = Sampling(max_new_tokens=8, temperature=0.0)
-    vllm = build_rollout("vllm", model, tok, OmegaConf.create({"vllm": {"dtype": "float32"}}))
-    hf = build_rollout("hf", model, tok, OmegaConf.create({}))
+    vllm = build_rollout("vllm", model, tok, schema.node(schema.RolloutConfig, {"vllm": {"dtype": "float32"}}))
+    hf = build_rollout("hf", model, tok, schema.node(schema.RolloutConfig))
     a, b = vllm.generate(prompts, sp), hf.generate(prompts, sp)
     assert a.response_ids.tolist() == b.response_ids.tolist()
     with torch.no_grad():

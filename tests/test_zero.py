@@ -1,6 +1,7 @@
 """core.training.engine: the torch engine under DDP and DeepSpeed ZeRO-2/3 on CPU (gloo, 2 ranks) match the
 single-process torch engine; bf16 master weights keep updates a bf16 parameter cannot hold."""
 from __future__ import annotations
+from core.config import schema
 
 import json
 import os
@@ -72,9 +73,9 @@ def _tiny_engine(dtype, lr):
     model = torch.nn.Linear(4, 1, bias=False).to(dtype)
     with torch.no_grad():
         model.weight.fill_(1.0)
-    optim = OmegaConf.create({"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": lr},
+    optim = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": lr},
                               "max_grad_norm": 0.0, "scheduler": {"name": "constant"}})
-    return build_train_engine(model, optim, OmegaConf.create({"stage": 0}), 100, 1, 1, torch.device("cpu"))
+    return build_train_engine(model, optim, schema.node(schema.ZeroConfig, stage=0), 100, 1, 1, torch.device("cpu"))
 
 
 def test_bf16_master_weights_accumulate_updates_below_a_bf16_ulp():
@@ -132,5 +133,5 @@ def test_zero3_models_load_partitioned_and_the_sharded_reference_computes_the_sa
     want = chunked_logprobs(load_causal_lm(model_dir, MODEL), ids, am, 6, 1.0, 2, packing=False)
     keep = am[:, 6:].bool()
     torch.testing.assert_close(torch.tensor(got["logprobs"])[keep], want[keep], atol=1e-5, rtol=1e-5)
-    head = load_critic(model_dir, OmegaConf.create({"init_from": None, "head_seed": 3}), MODEL).score.weight
+    head = load_critic(model_dir, schema.node(schema.CriticConfig, head_seed=3), MODEL).score.weight
     assert got["head"] == head.detach().flatten().tolist()

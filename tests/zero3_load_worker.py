@@ -10,20 +10,20 @@ import os
 import sys
 
 import torch
-from omegaconf import OmegaConf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from core.config import schema
 from core.models.critic import load_critic  # noqa: E402
 from core.models.loading import load_causal_lm  # noqa: E402
 from core.models.logprobs import chunked_logprobs  # noqa: E402
 from core.training import distributed  # noqa: E402
 from core.training.engine import FrozenModel, model_init  # noqa: E402
 
-MODEL = OmegaConf.create({"dtype": "float32", "attn_implementation": "sdpa"})
+MODEL = schema.node(schema.ModelConfig, {"dtype": "float32", "attn_implementation": "sdpa"})
 # threshold 0: no parameter of the tiny model stays whole on every rank (DeepSpeed keeps those under 1e5
 # elements unpartitioned by default, which would be all of them)
-ZERO3 = OmegaConf.create({"stage": 3, "offload_reference": False,
+ZERO3 = schema.node(schema.ZeroConfig, {"stage": 3, "offload_reference": False,
                           "options": {"stage3_param_persistence_threshold": 0}})
 
 
@@ -40,7 +40,7 @@ def main(model_dir: str, out: str) -> None:
     distributed.init(torch.device("cpu"))
     with model_init(ZERO3, torch.float32):
         ref = load_causal_lm(model_dir, MODEL)
-        critic = load_critic(model_dir, OmegaConf.create({"init_from": None, "head_seed": 3}), MODEL)
+        critic = load_critic(model_dir, schema.node(schema.CriticConfig, head_seed=3), MODEL)
     params = list(ref.parameters())
     held = {"partitioned": all(hasattr(p, "ds_id") for p in params),
             "local": sum(p.ds_tensor.numel() for p in params), "full": sum(p.ds_numel for p in params)}

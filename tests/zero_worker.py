@@ -11,13 +11,13 @@ import sys
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from core.config import schema  # noqa: E402
 from core.training.engine import build_train_engine  # noqa: E402
 
-OPTIM = OmegaConf.create({
+OPTIM = schema.node(schema.OptimConfig, {
     "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2, "betas": [0.9, 0.999],
                   "eps": 1e-8, "weight_decay": 0.0},
     "max_grad_norm": 1.0, "scheduler": {"name": "linear", "warmup_ratio": 0.0, "warmup_steps": 0, "kwargs": {}}})
@@ -42,7 +42,7 @@ def main(stage: int, out: str) -> None:
 
         deepspeed.init_distributed(dist_backend="gloo")
     accum = GLOBAL_BATCH // (MICRO * world)
-    zero = OmegaConf.create({"stage": stage})
+    zero = schema.node(schema.ZeroConfig, stage=stage)
     eng = build_train_engine(model(), OPTIM, zero, STEPS, accum, MICRO, torch.device("cpu"))
     xs, ys = data()
     losses, lrs = [], []

@@ -57,7 +57,7 @@ def value_mask(mask: torch.Tensor, cfg) -> torch.Tensor:
     allenai/open-instruct@3dd7a07d ``ppo_vllm_thread_ray_gtrl.py``: one more token after the last
     response token where it fits inside ``R``, so the score sits one step after the EOS and the critic
     is trained there too; a completion cut at ``R`` keeps its mask). Returns ``[N, R]``."""
-    if cfg.get("score_position", "last") == "last":
+    if cfg.score_position == "last":
         return mask
     nxt = (last_token_index(mask) + 1).clamp(max=mask.shape[1] - 1)  # [N]
     grow = (mask.sum(-1) > 0).to(mask.dtype)  # [N] an all-masked row stays empty
@@ -179,7 +179,7 @@ def grpo(inp: AdvantageInput, cfg):
     centred = r - _mean(r, -1)  # [B, G]
     scope = _STD_SCOPES[cfg.std]
     if scope is not None:
-        centred = centred / (scope(r, bool(cfg.get("unbiased_std", True))) + float(cfg.eps))  # [B, G]
+        centred = centred / (scope(r, bool(cfg.unbiased_std)) + float(cfg.eps))  # [B, G]
     return _outcome(inp, _excluded_zero(centred.flatten()))
 
 
@@ -206,7 +206,7 @@ def reinforce_pp(inp: AdvantageInput, cfg):
     """REINFORCE++ (Hu 2025, arXiv 2501.03262; OpenRLHF ``reinforce``): no baseline, advantage is the
     discounted return ``G_t`` of the per-token rewards (score at the end, ``-beta KL_t`` on every
     token); OpenRLHF then whitens globally (``advantage.whiten: global``)."""
-    return _outcome(inp, inp.scores.float(), float(cfg.get("gamma", 1.0)))
+    return _outcome(inp, inp.scores.float(), float(cfg.gamma))
 
 
 @ADVANTAGES.register("reinforce_pp_baseline", min_group_size=2)
@@ -261,7 +261,7 @@ def whiten_global(adv: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:
     s, n = _reduce((adv * m).sum(), m.sum())
     mean = s / n
     out = adv - mean  # [N, R]
-    if bool(cfg.get("whiten_std", True)):
+    if bool(cfg.whiten_std):
         (sq,) = _reduce((((adv - mean) ** 2) * m).sum())
         out = out * (sq / n).clamp(min=1e-8).rsqrt()
     return out * m  # [N, R]
@@ -270,5 +270,5 @@ def whiten_global(adv: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:
 def compute_advantages(inp: AdvantageInput, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """The one call site: the estimator named ``cfg.name``, then the whitening named ``cfg.whiten``."""
     adv, ret = ADVANTAGES.get(cfg.name)(inp, cfg)  # [N, R], [N, R]
-    adv = WHITENING.get(cfg.get("whiten", "none"))(adv, inp.response_mask, cfg)  # [N, R]
+    adv = WHITENING.get(cfg.whiten)(adv, inp.response_mask, cfg)  # [N, R]
     return adv * inp.response_mask, ret

@@ -35,7 +35,7 @@ class KLController:
 
     def __init__(self, kl_cfg):
         self.cfg, self.beta = kl_cfg, float(kl_cfg.coef)
-        self._fn = KL_CONTROLLERS.get(kl_cfg.get("controller", "fixed"))
+        self._fn = KL_CONTROLLERS.get(kl_cfg.controller)
 
     def update(self, kl: float, n: int) -> float:
         self.beta = self._fn(self.beta, kl, n, self.cfg)

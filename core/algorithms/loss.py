@@ -58,7 +58,7 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, cfg):
     surr2 = torch.clamp(ratio, lo, hi) * adv  # [N, R]
     clip1 = torch.minimum(surr1, surr2)  # [N, R]
     clipped = surr2 < surr1  # [N, R] OpenRLHF ppo_clip_ratio
-    c = cfg.get("dual_clip")
+    c = cfg.dual_clip
     if c:
         clip3 = torch.maximum(clip1, float(c) * adv)  # [N, R]
         clipped = clipped | ((adv < 0) & (clip3 > clip1))  # [N, R]
@@ -170,7 +170,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kl_cfg) -> torch.Tens
     """The estimator ``kl_cfg.estimator`` with the sources' clamps: ``log_ratio_clamp`` bounds
     ``log pi - log pi_ref`` first (Open-Instruct grpo_fast 40, upstream veRL k3 20), ``clamp`` bounds
     the result (OpenRLHF >= v0.8.6 and the SimpleRL veRL fork's k3: 10). null = no clamp (TRL)."""
-    lr_clamp, out_clamp = kl_cfg.get("log_ratio_clamp"), kl_cfg.get("clamp")
+    lr_clamp, out_clamp = kl_cfg.log_ratio_clamp, kl_cfg.clamp
     if lr_clamp:
         logp = ref_logp + (logp - ref_logp).clamp(-float(lr_clamp), float(lr_clamp))  # [N, R]
     kl = KL_ESTIMATORS.get(kl_cfg.estimator)(logp, ref_logp)  # [N, R]
@@ -219,7 +219,7 @@ def compute_policy_loss(inp: LossInput, loss_cfg, kl_cfg, ctx: AggContext, kl_co
     ``kl_coef`` is the controller's current beta (defaults to ``kl_cfg.coef``). The importance weight
     multiplies the policy term before the KL is added, as TRL does."""
     per_token, extra = POLICY_LOSSES.get(loss_cfg.name)(inp, loss_cfg)  # [N, R]
-    is_cfg = loss_cfg.get("is_correction") or {"mode": "none"}
+    is_cfg = loss_cfg.is_correction
     w = IS_CORRECTIONS.get(is_cfg["mode"])(inp, is_cfg)  # [N, R] or None
     if w is not None:
         per_token = per_token * w  # [N, R]
@@ -230,7 +230,7 @@ def compute_policy_loss(inp: LossInput, loss_cfg, kl_cfg, ctx: AggContext, kl_co
         metrics["kl"] = masked_mean(kl.detach(), inp.mask).item()
         if kl_cfg.placement == "loss":
             per_token = per_token + float(kl_cfg.coef if kl_coef is None else kl_coef) * kl  # [N, R]
-    coef = float(loss_cfg.get("entropy_coef", 0.0) or 0.0)
+    coef = float(loss_cfg.entropy_coef)
     if inp.entropy is not None:
         metrics["entropy"] = masked_mean(inp.entropy.detach(), inp.mask).item()
         if coef:

@@ -67,9 +67,9 @@ def shape(scores: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor, stopped
     """All score-level shaping of ``cfg`` (``train.shaping``) of the verifier's ``scores [N]`` (any
     value where ``valid [N]`` is False: the verifier said None). Returns ``(scores [N], mask [N, R])``.
     The penalties edit scored samples only: an unscored one keeps what ``none_reward`` made of it."""
-    unscored, mask = none_rewards(scores, valid, mask, cfg.get("none_reward", "mask"))  # [N], [N, R]
-    shaped = overlong_penalty(scores.float(), mask.sum(-1), max_len, int(cfg.get("overlong_buffer", 0) or 0),
-                              float(cfg.get("overlong_factor", 1.0)))
-    shaped = non_stop_penalty(shaped, stopped, cfg.get("non_stop_penalty"))
+    unscored, mask = none_rewards(scores, valid, mask, cfg.none_reward)  # [N], [N, R]
+    shaped = overlong_penalty(scores.float(), mask.sum(-1), max_len, int(cfg.overlong_buffer),
+                              float(cfg.overlong_factor))
+    shaped = non_stop_penalty(shaped, stopped, cfg.non_stop_penalty)
     scores = torch.where(valid, shaped, unscored)  # [N]
-    return scores, truncation_mask(mask, stopped, bool(cfg.get("mask_truncated", False)))
+    return scores, truncation_mask(mask, stopped, bool(cfg.mask_truncated))

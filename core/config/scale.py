@@ -8,7 +8,9 @@ accumulated micro-batches where it still divides, caps lengths, and points data 
 """
 from __future__ import annotations
 
-from omegaconf import OmegaConf, open_dict
+import copy
+
+from omegaconf import OmegaConf
 
 from core.registry import Registry
 
@@ -45,18 +47,34 @@ def shrink_batches(t, s) -> dict:
             "logprob_micro_batch_size": min(int(t.logprob_micro_batch_size), samples)}
 
 
-def apply_scale(cfg):
-    """Return ``cfg`` shrunk by ``cfg.scale`` (a copy; the input is not modified)."""
+def apply_scale(cfg, keep: tuple[str, ...] = ()):
+    """Return ``cfg`` shrunk by ``cfg.scale`` (a copy with its schema types; the input is not modified).
+    The values of ``keep`` (the keys set on the command line, :func:`command_line_keys`) are the user's:
+    the scale does not change them (``scale=tiny train.total_steps=10`` runs 10 steps)."""
     if cfg.scale.name == "full":
         return cfg
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg = copy.deepcopy(cfg)
+    given = {k: OmegaConf.select(cfg, k, default=None) for k in keep}
+    kept = {k: v for k, v in given.items() if v is not None and not OmegaConf.is_dict(v)}  # values, not groups
     s = cfg.scale
-    with open_dict(cfg):
-        cfg.model.name_or_path = None
-        cfg.model.tiny = OmegaConf.to_container(s.model)
-        cfg.model.dtype = "float32"
-        cfg.model.attn_implementation = "sdpa"
-        if cfg.data.get("tiny"):
-            cfg.data = OmegaConf.merge(cfg.data, cfg.data.tiny)
-        SHRINKERS.get(cfg.loop)(cfg, s)
+    cfg.model.name_or_path = None
+    cfg.model.tiny = s.model
+    cfg.model.dtype = "float32"
+    cfg.model.attn_implementation = "sdpa"
+    if cfg.data.tiny:  # local stand-ins for a hub dataset
+        cfg.data = OmegaConf.merge(cfg.data, cfg.data.tiny)
+    SHRINKERS.get(cfg.loop)(cfg, s)
+    for key, value in kept.items():
+        OmegaConf.update(cfg, key, value, merge=False)
     return cfg
+
+
+def command_line_keys() -> tuple[str, ...]:
+    """The config keys this Hydra job sets on its command line (none outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not HydraConfig.initialized():
+        return ()
+    overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
+    return tuple(o.key_or_group for o in overrides if not o.is_delete())

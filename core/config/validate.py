@@ -1,46 +1,87 @@
-"""Config checks that run before any model is built: batch arithmetic, registry names and
-incompatible combinations.
+"""Config checks that run before any model is built: the schema (types, ranges, unknown keys), inputs
+(model paths, the results dir), batch arithmetic and incompatible combinations.
 
 Every problem found is collected and raised together, each naming the keys and values that clash.
 """
 from __future__ import annotations
 
-from core.algorithms.advantage import ADVANTAGES, WHITENING
+import importlib.util
+import inspect
+import os
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from core.algorithms.advantage import ADVANTAGES
 from core.algorithms.kl_control import KL_CONTROLLERS
-from core.algorithms.loss import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
-from core.algorithms.shaping import NONE_REWARDS
-from core.models.packing import MODES as PACKING_MODES
+from core.config.scale import apply_scale, command_line_keys
+from core.config.schema import check_schema
+from core.errors import InputError
+from core.models.loading import model_source_problem
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config that cannot run; the message lists every problem found."""
 
 
-KL_PLACEMENTS = ("reward", "loss")
-_NAMED = (("advantage.name", ADVANTAGES), ("advantage.whiten", WHITENING), ("loss.name", POLICY_LOSSES),
-          ("loss.aggregation", AGGREGATIONS), ("loss.is_correction.mode", IS_CORRECTIONS),
-          ("kl.estimator", KL_ESTIMATORS), ("kl.controller", KL_CONTROLLERS))
-_DEFAULTS = {"advantage.whiten": "none", "loss.is_correction.mode": "none", "kl.controller": "fixed"}
+def final_config(cfg):
+    """The config a loop runs, checked before anything else: ``scale`` applied (keys set on the command line
+    kept as given), then every key against its schema (unknown keys, types, ranges: core/config/schema.py),
+    the settings both loops share, and a writable results table. Raises :class:`ConfigError`."""
+    cfg = apply_scale(cfg, command_line_keys())
+    errors = check_schema(cfg)
+    zero = cfg.zero
+    for key in ("offload_param", "offload_reference"):
+        if zero[key] and int(zero.stage) != 3:
+            errors.append(f"zero.{key}=true with zero.stage={zero.stage}: parameters are partitioned (and so "
+                          f"offloadable) under ZeRO-3 only; use zero=stage3 or zero.offload_optimizer")
+    for key, value in (("model.name_or_path", cfg.model.name_or_path),
+                       ("advantage.critic.init_from", OmegaConf.select(cfg, "advantage.critic.init_from"))):
+        problem = model_source_problem(key, value)
+        if problem:
+            errors.append(problem)
+    errors += _optimizer_problems(cfg.optim.optimizer)
+    problem = _unwritable(Path(str(cfg.paths.results_dir)))
+    if problem:
+        errors.append(f"paths.results_dir={cfg.paths.results_dir}: {problem}; the results table and run dirs "
+                      f"are written there")
+    _raise(errors)
+    return cfg
 
 
-def _select(cfg, key: str):
-    node = cfg
-    for part in key.split("."):
-        node = node.get(part) if node is not None and hasattr(node, "get") else None
-    return _DEFAULTS.get(key) if node is None else node
+def _optimizer_problems(opt) -> list[str]:
+    """``optim.optimizer._target_`` must be a class, and every non-null key one its constructor takes."""
+    from hydra.utils import get_class
+
+    try:
+        target = get_class(opt._target_)
+    except Exception as e:  # Hydra wraps import failures in several types
+        return [f"optim.optimizer._target_={opt._target_!r}: not an importable class ({e})"]
+    params = inspect.signature(target).parameters
+    taken = [k for k, v in opt.items() if v is not None and not k.startswith("_") and k not in params]
+    return [f"optim.optimizer.{k}={opt[k]!r}: {opt._target_} takes no {k!r} (it takes "
+            f"{', '.join(p for p in params if p != 'params')}); set it to null" for k in taken]
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why nothing can be written at ``path`` (its nearest existing ancestor must be a writable dir)."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    return None if os.access(probe, os.W_OK | os.X_OK) else f"{probe} is not writable by this user"
 
 
 def _check_names(cfg, errors: list[str]) -> None:
-    for key, reg in _NAMED:
-        name = _select(cfg, key)
-        if name not in reg:
-            errors.append(f"{key}={name!r} is not registered; choose one of {reg.names()}")
-    if cfg.kl.placement not in KL_PLACEMENTS:
-        errors.append(f"kl.placement={cfg.kl.placement!r}; choose one of {list(KL_PLACEMENTS)}")
-    if cfg.advantage.name in ADVANTAGES:  # per-estimator option values declared at registration
+    """Option values an estimator declares at registration (the schema checks every registry name)."""
+    if cfg.advantage.name in ADVANTAGES:
         for key, allowed in ADVANTAGES.meta(cfg.advantage.name).get("choices", {}).items():
-            if cfg.advantage.get(key) not in allowed:
-                errors.append(f"advantage.{key}={cfg.advantage.get(key)!r} with advantage.name={cfg.advantage.name}; "
+            if key not in cfg.advantage:
+                errors.append(f"advantage.name={cfg.advantage.name} needs advantage.{key}, which this advantage "
+                              f"node lacks: use the config option advantage={cfg.advantage.name}")
+            elif cfg.advantage[key] not in allowed:
+                errors.append(f"advantage.{key}={cfg.advantage[key]!r} with advantage.name={cfg.advantage.name}; "
                               f"choose one of {sorted(allowed)}")
 
 
@@ -57,38 +98,44 @@ def _check_critic(cfg, errors: list[str]) -> None:
 
 def _check_kl(cfg, errors: list[str]) -> None:
     kl, coef = cfg.kl, float(cfg.kl.coef)
-    ref = kl.get("reference", "auto")
-    if ref not in ("auto", True, False):
-        errors.append(f"kl.reference={ref!r}; choose auto, true or false")
+    ref = kl.reference
     if ref is True and coef == 0:
         errors.append(f"kl.reference=true with kl.coef=0 (kl.placement={kl.placement}): a reference model would "
                       f"be built but never used; set kl.coef > 0 or kl.reference=auto")
     if ref is False and coef > 0:
         errors.append(f"kl.reference=false with kl.coef={coef}: the KL penalty needs the reference model")
-    controller = _select(cfg, "kl.controller")
+    controller = kl.controller
     if controller in KL_CONTROLLERS and KL_CONTROLLERS.meta(controller).get("needs_target"):
         if kl.placement != "reward":
             errors.append(f"kl.controller={controller} with kl.placement={kl.placement}: the adaptive controller "
                           f"tunes the in-reward penalty (OpenRLHF, veRL); use kl.placement=reward")
-        if not kl.get("target") or float(kl.target) <= 0 or not kl.get("horizon"):
-            errors.append(f"kl.controller={controller} needs kl.target > 0 and kl.horizon > 0")
+        if kl.target is None:
+            errors.append(f"kl.controller={controller} needs kl.target (a KL > 0 the controller steers to)")
 
 
 def _check_loss(cfg, errors: list[str]) -> None:
-    loss = cfg.loss
-    if float(loss.clip_low) < 0 or float(loss.clip_low) >= 1 or float(loss.clip_high) < 0:
-        errors.append(f"loss.clip_low={loss.clip_low} must be in [0, 1) and loss.clip_high={loss.clip_high} >= 0")
-    if loss.get("dual_clip") and float(loss.dual_clip) <= 1:
-        errors.append(f"loss.dual_clip={loss.dual_clip} must be > 1 (or null to disable)")
-    isc = loss.get("is_correction") or {}
-    if isc.get("mode", "none") != "none" and not isc.get("high"):
-        errors.append(f"loss.is_correction.mode={isc.get('mode')} needs loss.is_correction.high")
+    isc = cfg.loss.is_correction
+    if isc.mode != "none" and isc.high is None:
+        errors.append(f"loss.is_correction.mode={isc.mode} needs loss.is_correction.high")
+
+
+def _check_verifier(cfg, errors: list[str]) -> None:
+    from verifiers import get_verifier
+
+    try:
+        get_verifier(cfg.verifier.name)
+    except (KeyError, ImportError, AttributeError, ValueError) as e:
+        errors.append(f"verifier.name={cfg.verifier.name!r}: {e.args[0] if e.args else e}")
 
 
 def _check_placement(cfg, errors: list[str]) -> None:
     """Settings that the device and the sharding cannot honour."""
-    if cfg.train.get("packing", "auto") not in PACKING_MODES:
-        errors.append(f"train.packing={cfg.train.packing!r}; choose one of auto, true, false")
+    if cfg.rollout.engine == "vllm":
+        if cfg.rollout.vllm is None:
+            errors.append("rollout.engine=vllm needs the rollout.vllm node: use the config option rollout=vllm")
+        if importlib.util.find_spec("vllm") is None:
+            errors.append("rollout.engine=vllm but vLLM is not installed here: install the gpu extra on a CUDA "
+                          "machine (pip install -e '.[gpu]'), or generate with rollout=hf")
     if int(cfg.zero.stage) == 3 and int(cfg.train.warm_start.steps) > 0:
         errors.append(f"train.warm_start.steps={cfg.train.warm_start.steps} with zero.stage=3: the warm start trains a "
                       f"full copy of the model in one process before ZeRO-3 shards it; start from a checkpoint that "
@@ -128,6 +175,7 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
     _check_kl(cfg, errors)
     _check_loss(cfg, errors)
     _check_placement(cfg, errors)
+    _check_verifier(cfg, errors)
     samples = int(t.prompts_per_step) * int(t.group_size)
     known = cfg.advantage.name in ADVANTAGES
     if known:
@@ -136,10 +184,8 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
     if int(t.group_size) < min_group:
         errors.append(f"train.group_size={t.group_size}: advantage.name={cfg.advantage.name} compares "
                       f"completions of one prompt and needs group_size >= {min_group}")
-    none_reward = (t.get("shaping") or {}).get("none_reward", "mask")
-    if none_reward not in NONE_REWARDS:
-        errors.append(f"train.shaping.none_reward={none_reward!r}: choose one of {sorted(NONE_REWARDS)}")
-    elif none_reward == "exclude" and known and not ADVANTAGES.meta(cfg.advantage.name).get("excludes_nan"):
+    none_reward = t.shaping.none_reward
+    if none_reward == "exclude" and known and not ADVANTAGES.meta(cfg.advantage.name).get("excludes_nan"):
         errors.append(f"train.shaping.none_reward=exclude leaves unscored samples out of group statistics, which "
                       f"advantage.name={cfg.advantage.name} does not support; use one of "
                       f"{[n for n in ADVANTAGES.names() if ADVANTAGES.meta(n).get('excludes_nan')]} or "

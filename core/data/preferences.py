@@ -42,7 +42,7 @@ def copy_digits(cfg) -> list[dict]:
 @PAIR_SOURCES.register("file")
 def local_file(cfg) -> list[dict]:
     """Rows of a local ``.jsonl``, ``.jsonl.gz``, ``.json`` or ``.parquet`` file (``data.path``)."""
-    if not cfg.get("path"):
+    if not cfg.path:
         raise DataError("data.path is not set (data.source=file needs a local file)")
     return read_rows(paths.resolve(cfg.path), "data.path")
 
@@ -52,14 +52,14 @@ def hub(cfg) -> list[dict]:
     """``datasets.load_dataset(data.hub_name, split=data.split)``: how a cluster loads pairs by name."""
     import datasets
 
-    if not cfg.get("hub_name"):
+    if not cfg.hub_name:
         raise DataError("data.hub_name is not set (data.source=hub needs a dataset name)")
     return [dict(r) for r in datasets.load_dataset(cfg.hub_name, split=cfg.split)]
 
 
 def _eval_rows(cfg, train: list[dict]) -> tuple[list[dict], list[dict]]:
     """(train, eval) per ``data.eval``: a separate source, a seeded held-out slice, or the head of train."""
-    mode, frac = cfg.eval, float(cfg.get("eval_fraction") or 0)
+    mode, frac = cfg.eval, float(cfg.eval_fraction)
     if mode == "source":
         node = dict(cfg)
         node.update({"source": cfg.eval_source, "path": cfg.eval_path, "hub_name": cfg.eval_hub_name,
@@ -103,9 +103,9 @@ def load_pairs(cfg) -> tuple[list[dict], list[dict], dict[str, PairStats]]:
     """Train and eval pairs after the text-level checks (no tokenizer, no model yet)."""
     train = PAIR_SOURCES.get(cfg.source)(cfg)
     train, evals = _eval_rows(cfg, train)
-    if cfg.get("max_pairs"):
+    if cfg.max_pairs:
         train = train[: int(cfg.max_pairs)]
-    if cfg.get("eval_max_pairs"):
+    if cfg.eval_max_pairs:
         evals = evals[: int(cfg.eval_max_pairs)]
     stats = {}
     train, stats["train"] = check_rows(train, cfg, "train")
@@ -115,7 +115,7 @@ def load_pairs(cfg) -> tuple[list[dict], list[dict], dict[str, PairStats]]:
 
 def check_rows(rows: list[dict], cfg, split: str) -> tuple[list[dict], PairStats]:
     """Keep well-formed pairs, renamed to ``chosen``/``rejected``/``margin``; count and report the rest."""
-    ck, rk, mk = cfg.chosen_key, cfg.rejected_key, cfg.get("margin_key")
+    ck, rk, mk = cfg.chosen_key, cfg.rejected_key, cfg.margin_key
     if rows and all(ck not in r or rk not in r for r in rows):
         raise DataError(f"data: no {split} row has both columns {ck!r} and {rk!r} (data.chosen_key / "
                         f"data.rejected_key); columns of row 0: {sorted(rows[0])}")
@@ -128,7 +128,7 @@ def check_rows(rows: list[dict], cfg, split: str) -> tuple[list[dict], PairStats
         setattr(st, why, getattr(st, why) + 1)
         if len(st.first_bad) < 5:
             st.first_bad.append(i)
-        if cfg.get("bad_rows", "drop") == "error":
+        if cfg.bad_rows == "error":
             raise DataError(f"data: {split} row {i} is not a usable pair ({why.replace('_', ' ')}); "
                             "set data.bad_rows=drop to skip such rows")
     st.kept = len(out)
@@ -168,12 +168,12 @@ def tokenize_text(x, tokenizer, cfg) -> list[int]:
         if not cfg.apply_chat_template:
             raise DataError("data: a pair holds chat messages but data.apply_chat_template is false")
         x = tokenizer.apply_chat_template(x, tokenize=False)
-    if cfg.get("append_eos"):
+    if cfg.append_eos:
         x = x.rstrip("\n")
         if not x.endswith(tokenizer.eos_token):
-            x = x + cfg.get("eos_separator", "") + tokenizer.eos_token
+            x = x + cfg.eos_separator + tokenizer.eos_token
     ids = tokenizer(x, add_special_tokens=False)["input_ids"]
-    if cfg.get("add_bos") and tokenizer.bos_token_id is not None:
+    if cfg.add_bos and tokenizer.bos_token_id is not None:
         ids = [tokenizer.bos_token_id] + ids
     return ids
 
@@ -190,7 +190,7 @@ def tokenize_pairs(pairs: list[dict], tokenizer, cfg, max_len: int, stats: PairS
                 continue
             stats.truncated += 1
             c, r = c[:max_len], r[:max_len]
-        if cfg.get("force_eos"):
+        if cfg.force_eos:
             c, r = c[:-1] + [tokenizer.eos_token_id], r[:-1] + [tokenizer.eos_token_id]
         stats.identical_after_cut += int(c == r)  # kept, as the sources do; no signal in such a pair
         out.append({"chosen": c, "rejected": r, "margin": p["margin"]})

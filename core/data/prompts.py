@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Callable
 
 from core import paths
+from core.errors import InputError
 from core.registry import Registry
 
 SourceFn = Callable[[object, str], "list[dict]"]
 SOURCES: Registry[SourceFn] = Registry("data.source")
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """Bad data configuration or a missing file; raised before any model is built."""
 
 
@@ -52,7 +53,7 @@ def _apply(a: int, op: str, b: int) -> int:
 def local_file(cfg, split: str) -> list[dict]:
     """Rows of a local ``.jsonl``, ``.jsonl.gz``, ``.json`` or ``.parquet`` file."""
     key = "path" if split == "train" else "eval_path"
-    if not cfg.get(key):
+    if not cfg[key]:
         raise DataError(f"data.{key} is not set (data.source=file needs a local file)")
     return read_rows(paths.resolve(cfg[key]), f"data.{key}")
 
@@ -62,10 +63,21 @@ def hub(cfg, split: str) -> list[dict]:
     """``datasets.load_dataset(data.hub_name, split=...)``: how clusters load the same data by name."""
     import datasets
 
-    if not cfg.get("hub_name"):
+    if not cfg.hub_name:
         raise DataError("data.hub_name is not set (data.source=hub needs a dataset name)")
     name = cfg.split if split == "train" else cfg.eval_split
-    return [dict(r) for r in datasets.load_dataset(cfg.hub_name, cfg.get("hub_config"), split=name)]
+    return [dict(r) for r in datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=name)]
+
+
+def _json_line(line: str, path: Path, n: int, key: str) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{key}: {path} line {n} is not valid JSON ({e.msg} at column {e.colno}): "
+                        f"{line.strip()[:80]!r}") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{key}: {path} line {n} is a JSON {type(row).__name__}, expected an object (one row)")
+    return row
 
 
 def read_rows(path: Path, key: str = "data.path") -> list[dict]:
@@ -79,9 +91,12 @@ def read_rows(path: Path, key: str = "data.path") -> list[dict]:
     if name.endswith((".jsonl", ".jsonl.gz")):
         opener = gzip.open if name.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+            return [_json_line(line, path, n, key) for n, line in enumerate(fh, 1) if line.strip()]
     if name.endswith(".json"):
-        return json.loads(path.read_text(encoding="utf-8"))
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{key}: {path} line {e.lineno} column {e.colno} is not valid JSON: {e.msg}") from None
     raise DataError(f"{key}: unsupported file type {path} (expected .jsonl, .jsonl.gz, .json or .parquet)")
 
 
@@ -97,7 +112,7 @@ def load_split(cfg, split: str) -> list[dict]:
         row = dict(row)
         row["prompt"], row["answer"] = row.pop(cfg.prompt_key), row.pop(cfg.answer_key)
         out.append(row)
-    if cfg.get("max_prompt_chars"):
+    if cfg.max_prompt_chars:
         out = [r for r in out if len(format_prompt(r["prompt"], cfg)) <= int(cfg.max_prompt_chars)]
     return out
 

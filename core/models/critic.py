@@ -21,14 +21,14 @@ def load_critic(policy_path: str, critic_cfg, model_cfg):
     plus a new head. Under ZeRO-3, call it inside ``core.training.engine.model_init``."""
     from transformers import AutoModelForSequenceClassification
 
-    path = critic_cfg.get("init_from") or policy_path
+    path = critic_cfg.init_from or policy_path
     model = AutoModelForSequenceClassification.from_pretrained(
-        str(path), num_labels=1, attn_implementation=model_cfg.get("attn_implementation", "sdpa"),
+        str(path), num_labels=1, attn_implementation=model_cfg.attn_implementation,
         dtype=DTYPES[model_cfg.dtype])
-    if not critic_cfg.get("init_from"):
+    if not critic_cfg.init_from:
         head = model.score.weight
         with torch.no_grad(), torch.random.fork_rng(), writable([head]):
-            torch.manual_seed(int(critic_cfg.get("head_seed", 0)))
+            torch.manual_seed(int(critic_cfg.head_seed))
             head.normal_(0.0, 1.0 / (model.config.hidden_size + 1))
     model.config.pad_token_id = model.config.pad_token_id or 0
     return model

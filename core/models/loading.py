@@ -41,6 +41,8 @@ _CHAT_TEMPLATES = {
     ),
 }
 _CONFIG_CLASSES = {"qwen2": "Qwen2Config", "llama": "LlamaConfig"}
+# The architecture classes a tiny model can be built from locally (``model.arch``).
+ARCHITECTURES = tuple(_CONFIG_CLASSES)
 
 
 def _specials(arch: str) -> dict:
@@ -142,12 +144,29 @@ def build_tiny_model_dir(arch: str, tiny: dict, seed: int) -> Path:
 
 def model_dir(model_cfg) -> str:
     """The ``from_pretrained`` path for ``model_cfg``: its hub name/local dir, or a built tiny model."""
-    if model_cfg.get("name_or_path"):
+    if model_cfg.name_or_path:
         return str(model_cfg.name_or_path)
-    if not model_cfg.get("tiny"):
+    if not model_cfg.tiny:
         raise ValueError("model.name_or_path is empty and model.tiny is not set: nothing to load")
     tiny = json.loads(json.dumps(model_cfg.tiny, default=lambda node: OmegaConf.to_container(node, resolve=True)))
-    return str(build_tiny_model_dir(model_cfg.arch, tiny, int(model_cfg.get("init_seed", 0))))
+    return str(build_tiny_model_dir(model_cfg.arch, tiny, int(model_cfg.init_seed)))
+
+
+def model_source_problem(key: str, name_or_path: str | None) -> str | None:
+    """Why ``name_or_path`` cannot be loaded, told apart from a bad hub name: a local path (absolute, ``.``,
+    ``~``, or an existing dir) must be a dir holding ``config.json``. A hub name (``org/name``) is left to
+    ``from_pretrained``: its cache or the network decide."""
+    if not name_or_path:
+        return None
+    path = Path(str(name_or_path)).expanduser()
+    local = path.is_absolute() or str(name_or_path).startswith((".", "~")) or path.exists()
+    if not local:
+        return None
+    if not path.is_dir():
+        return f"{key}={name_or_path}: no such local directory (a hub name looks like org/name)"
+    if not (path / "config.json").exists():
+        return f"{key}={name_or_path}: the directory has no config.json, so it is not a saved model"
+    return None
 
 
 def load_tokenizer(path: str):
@@ -165,11 +184,11 @@ def load_causal_lm(path: str, model_cfg):
     checkpointing from config. Under ZeRO-3, call it inside ``core.training.engine.model_init``."""
     from transformers import AutoModelForCausalLM
 
-    attn = model_cfg.get("attn_implementation", "sdpa")
+    attn = model_cfg.attn_implementation
     if attn == "flash_attention_2":
         _require("flash_attn", "model.attn_implementation=flash_attention_2")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_cfg.dtype], attn_implementation=attn)
-    if model_cfg.get("gradient_checkpointing", False):
+    if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     return model

@@ -36,7 +36,7 @@ def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad
 
     from core.models.loading import _require
 
-    attn = model_cfg.get("attn_implementation", "sdpa")
+    attn = model_cfg.attn_implementation
     if attn == "flash_attention_2":
         _require("flash_attn", "model.attn_implementation=flash_attention_2")
     model, info = AutoModelForSequenceClassification.from_pretrained(
@@ -48,7 +48,7 @@ def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad
     if fresh_head and std is not None:
         with writable([model.score.weight]):  # ZeRO-3: gathered, initialised on rank 0, partitioned back
             torch.nn.init.normal_(model.score.weight, std=std)
-    if model_cfg.get("gradient_checkpointing", False):
+    if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     return model
@@ -88,7 +88,7 @@ def model_skeleton(model_cfg, path: str | None = None):
     """The sequence-classification model on the meta device (no weights): for checks before a build."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    if model_cfg.get("name_or_path") or path:
+    if model_cfg.name_or_path or path:
         config = AutoConfig.from_pretrained(path or model_cfg.name_or_path)
     else:
         from core.models.loading import _tiny_config, build_char_tokenizer
@@ -162,9 +162,9 @@ def bt_loss(r: torch.Tensor, margin: torch.Tensor, loss_cfg) -> tuple[torch.Tens
     (m = the margin column when ``use_margin``), plus ``center_coef * mean((r_c + r_r)^2)`` when set."""
     B = r.shape[0] // 2
     rc, rr = r[:B], r[B:]  # [B], [B]
-    diff = rc - rr - (margin if loss_cfg.get("use_margin") else 0.0)
+    diff = rc - rr - (margin if loss_cfg.use_margin else 0.0)
     loss = -F.logsigmoid(diff).mean()
-    if loss_cfg.get("center_coef"):
+    if loss_cfg.center_coef:
         loss = loss + float(loss_cfg.center_coef) * ((rc + rr) ** 2).mean()  # Eisenstein et al. 2023
     return loss, pair_metrics(rc.detach(), rr.detach())
 
@@ -211,5 +211,5 @@ def score_texts(model, tokenizer, texts: list[str], normalize: bool = False, bat
 @SHRINKERS.register("rm")
 def shrink_rm(cfg, s) -> None:
     """RM at ``scale=tiny``: ``train.tiny`` (batch sizes, steps, lengths) over ``train``; no bf16 on CPU."""
-    if cfg.train.get("tiny"):
+    if cfg.train.tiny:
         cfg.train.update({k: v for k, v in cfg.train.tiny.items()})

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from core.config.frozen import FrozenConfig
+from core.config.schema import RolloutConfig, node
 from core.models.loading import cached_build, load_causal_lm, load_tokenizer
 from core.models.packing import position_ids
 from core.rollout.batch import Sampling, left_pad
@@ -54,7 +55,7 @@ def greedy_accuracy(model, tokenizer, prompts: list[list[int]], answers: list[st
     """Share of ``prompts`` whose greedy completion the verifier scores above 0."""
     from core.rollout.hf import HFGenerateRollout
 
-    engine = HFGenerateRollout(model, tokenizer, {"generation_batch_size": 0})
+    engine = HFGenerateRollout(model, tokenizer, node(RolloutConfig))  # the schema's defaults
     roll = engine.generate(prompts, Sampling(max_new_tokens=max_new_tokens, temperature=0.0))
     ids = roll.response_ids.masked_fill(roll.response_mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)

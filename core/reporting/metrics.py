@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,32 +43,95 @@ def peak_memory_mb() -> float:
 
 
 class MetricsWriter:
-    """Appends one JSON line per step to ``metrics.jsonl`` (flushed at once) and mirrors scalars to
-    TensorBoard under ``<run_dir>/tb`` when enabled."""
+    """The run's records: one JSON line per step's metrics in ``metrics.jsonl`` and one per sample completion in
+    ``samples.jsonl`` (each flushed at once), mirrored to TensorBoard under ``<run_dir>/tb`` when enabled (scalars,
+    and the samples as text). The JSONL files are the record; TensorBoard mirrors them. ``rows`` and
+    ``sample_rows`` count the lines written, which a checkpoint keeps: a resumed run cuts the files back to them
+    (:meth:`rewind`), so every record holds each step once however the run was killed."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
         self.enabled = enabled
-        self.path = Path(run_dir) / "metrics.jsonl"
-        self.tb = None
-        if enabled and tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        self.path, self.samples_path = Path(run_dir) / "metrics.jsonl", Path(run_dir) / "samples.jsonl"
+        self.tb_dir = Path(run_dir) / "tb"
+        self.tb = self._open_tb() if enabled and tensorboard else None
+        self.rows, self.sample_rows = len(_lines(self.path)), len(_lines(self.samples_path))
 
-            self.tb = SummaryWriter(str(Path(run_dir) / "tb"))
+    def _open_tb(self):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self.tb_dir))
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
+        _append(self.path, [row])
+        self.rows += 1
+        self._mirror(row)
+
+    def samples(self, step: int, records: list[dict]) -> None:
+        """Sample completions of ``step`` (each a dict: prompt, completion, reward, ...)."""
+        if not self.enabled or not records:
+            return
+        rows = [{"step": step, **r} for r in records]
+        _append(self.samples_path, rows)
+        self.sample_rows += len(rows)
+        self._mirror_samples(step, rows)
+
+    def _mirror(self, row: dict) -> None:
         if self.tb is not None:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
+                    self.tb.add_scalar(k, v, row["step"])
+
+    def _mirror_samples(self, step: int, rows: list[dict]) -> None:
+        if self.tb is not None:
+            text = "\n\n".join("\n".join(f"**{k}**: `{v}`" for k, v in r.items() if k != "step") for r in rows)
+            self.tb.add_text("samples", text, step)
+
+    def rewind(self, rows: int, sample_rows: int = 0) -> None:
+        """Keep the first ``rows`` metrics and ``sample_rows`` sample records (what a checkpoint saw), each file
+        rewritten atomically, and TensorBoard's events rebuilt from them."""
+        if not self.enabled:
+            return
+        kept = _truncate(self.path, rows)
+        samples = _truncate(self.samples_path, sample_rows)
+        self.rows, self.sample_rows = len(kept), len(samples)
+        if self.tb is not None:
+            self.tb.close()
+            shutil.rmtree(self.tb_dir, ignore_errors=True)
+            self.tb = self._open_tb()
+            for line in kept:
+                self._mirror(json.loads(line))
+            by_step = {}
+            for line in samples:
+                r = json.loads(line)
+                by_step.setdefault(r["step"], []).append(r)
+            for step, rs in by_step.items():
+                self._mirror_samples(step, rs)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+def _append(path: Path, rows: list[dict]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
+
+
+def _truncate(path: Path, n: int) -> list[str]:
+    """``path``'s first ``n`` lines, written back atomically (a missing file stays missing); returns them."""
+    lines = _lines(path)[:n]
+    if path.exists():
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        os.replace(tmp, path)
+    return lines
 
 
 def _plain(v):

@@ -14,18 +14,28 @@ TABLE = "runs.jsonl"
 
 
 def append_row(results_dir: Path, row: dict) -> Path:
+    """Append ``row`` unless the table already has one for its ``run_dir`` (a run resumed after its row
+    was written, before it said it had finished, must not count twice)."""
     path = Path(results_dir) / TABLE
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(row, sort_keys=True, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, line)
-        os.fsync(fd)
+        if not any(r.get("run_dir") == row.get("run_dir") for r in read_rows(path.parent)):
+            os.write(fd, line)
+            os.fsync(fd)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
     return path
+
+
+def write_summary(run_dir: Path, row: dict) -> None:
+    """``summary.json``, the run's row, written atomically: a run dir holding one has finished."""
+    tmp = Path(run_dir) / f".summary.json.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(row, indent=1))
+    os.replace(tmp, Path(run_dir) / "summary.json")
 
 
 def read_rows(results_dir: Path) -> list[dict]:

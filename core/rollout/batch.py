@@ -24,7 +24,8 @@ class Sampling:
 
     @classmethod
     def from_cfg(cls, cfg, greedy: bool = False) -> "Sampling":
-        return cls(int(cfg.max_new_tokens), 0.0 if greedy else float(cfg.temperature),
+        """From ``rollout``: greedy when asked (evaluation) or when ``rollout.greedy`` names it."""
+        return cls(int(cfg.max_new_tokens), 0.0 if greedy or cfg.greedy else float(cfg.temperature),
                    float(cfg.top_p), int(cfg.top_k))
 
 

@@ -59,7 +59,7 @@ class HFGenerateRollout:
 
     def __init__(self, model, tokenizer, cfg):
         self.model, self.tokenizer = model, tokenizer
-        self.batch_size = int(cfg.get("generation_batch_size", 0) or 0)
+        self.batch_size = int(cfg.generation_batch_size)
         self.eos_ids = eos_token_ids(tokenizer, model)
 
     def sync_weights(self, model) -> None:

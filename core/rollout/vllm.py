@@ -46,19 +46,19 @@ class VLLMRollout:
         if not torch.cuda.is_available():
             raise RuntimeError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
         _ensure_process_group()
-        v = cfg.get("vllm") or {}
+        v = cfg.vllm
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(tokenizer, model)
         self.llm = LLM(
             model=model.name_or_path,
-            dtype=str(v.get("dtype", "bfloat16")),
-            gpu_memory_utilization=float(v.get("gpu_memory_utilization", 0.3)),
-            tensor_parallel_size=int(v.get("tensor_parallel_size", 1)),
-            max_model_len=v.get("max_model_len"),
+            dtype=str(v.dtype),
+            gpu_memory_utilization=float(v.gpu_memory_utilization),
+            tensor_parallel_size=int(v.tensor_parallel_size),
+            max_model_len=v.max_model_len,
             distributed_executor_backend="external_launcher",
-            seed=int(v.get("seed", 0)),
+            seed=int(v.seed),
             logprobs_mode="processed_logprobs",
-            enable_prefix_caching=bool(v.get("enable_prefix_caching", True)),
+            enable_prefix_caching=bool(v.enable_prefix_caching),
         )
 
     def sync_weights(self, model) -> None:

@@ -1,20 +1,29 @@
-"""Seeding, RNG state and atomic checkpoint folders (a killed run never leaves half a checkpoint).
+"""Seeding, RNG state, atomic checkpoint folders, and what a run dir holds from an earlier run.
 
-Data parallel: every rank writes its part (DeepSpeed shards, its own RNG state) into one temporary
-folder that rank 0 created, and rank 0 renames it once all ranks are done (barriers between)."""
+A folder is written as a temporary sibling, marked complete, then swapped in (:func:`atomic_dir`); a kill
+at any instant leaves either the old or the new folder complete, and :func:`recover` puts the newest
+complete one back in place and removes the rest, so ``resume`` always finds the newest complete checkpoint
+(:func:`prior_run`). Data parallel: every rank writes its part (DeepSpeed shards, its own RNG state) into
+one temporary folder that rank 0 created, and rank 0 renames it once all ranks are done (barriers between)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from core.errors import InputError
 from core.training import distributed
+
+log = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -62,12 +71,92 @@ def atomic_dir(final: Path):
         raise
     distributed.barrier()  # every rank has written its part
     if distributed.is_main():
+        (tmp / COMPLETE).write_text(str(time.time_ns()))  # from here on a complete copy, wherever it lies
         old = final.with_name(f".{final.name}.old{os.getpid()}")
         if final.exists():
             os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
+
+
+COMPLETE = "COMPLETE"  # written into a folder once all of it is written; holds the time in ns
+
+
+def recover(final: Path) -> Path | None:
+    """After an interrupted :func:`atomic_dir`: the newest complete copy among ``final`` and its siblings
+    (``final`` itself and ``.old*`` were swapped-in copies, so complete; a ``.tmp*`` is complete once
+    marked) takes ``final``'s place, every other sibling is removed. ``final`` if one was complete, else
+    None. Call on rank 0 only, before anything writes there."""
+    final = Path(final)
+    siblings = [*final.parent.glob(f".{final.name}.tmp*"), *final.parent.glob(f".{final.name}.old*")]
+    complete = [p for p in [final, *siblings] if p.is_dir() and (p is final or ".old" in p.name or
+                                                                  (p / COMPLETE).exists())]
+
+    def stamp(p: Path) -> int:
+        return int((p / COMPLETE).read_text()) if (p / COMPLETE).exists() else 0
+
+    newest = max(complete, key=stamp, default=None)
+    if newest is not None and newest != final:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(newest, final)
+        log.warning("recovered %s from an interrupted write (%s)", final, newest.name)
+    for p in siblings:
+        shutil.rmtree(p, ignore_errors=True)
+    return final if newest is not None else None
+
+
+class ResumeError(InputError):
+    """``resume`` asks for something the run dir does not hold (or holds and was not asked about)."""
+
+
+class AlreadyFinished(Exception):
+    """The run dir holds a finished run; ``summary`` is its results row."""
+
+    def __init__(self, summary: dict):
+        super().__init__(f"{summary.get('run_dir')} holds a finished run")
+        self.summary = summary
+
+
+@dataclass
+class PriorRun:
+    checkpoint: Path | None  # the newest complete checkpoint, to resume from
+
+
+RESUME_MODES = (False, True, "auto")
+
+
+def prior_run(run_dir: Path, resume) -> PriorRun:
+    """What ``run_dir`` holds from an earlier run, checked against ``resume`` (false: a fresh run, and the dir
+    must hold none; true: continue from its newest complete checkpoint, which must exist; auto: continue if
+    there is one, else start afresh). Raises :class:`AlreadyFinished` for a finished run unless ``resume``
+    is false, :class:`ResumeError` otherwise. Rank 0 looks and repairs (:func:`recover`); every rank gets
+    the answer."""
+    if resume not in RESUME_MODES:
+        raise ResumeError(f"resume={resume!r}: expected false, true or auto")
+    run_dir = Path(run_dir)
+    found = None
+    if distributed.is_main():
+        ckpt = recover(run_dir / "checkpoint")
+        recover(run_dir / "model")
+        summary = run_dir / "summary.json"
+        found = {"checkpoint": str(ckpt) if ckpt else None,
+                 "summary": json.loads(summary.read_text()) if summary.exists() else None,
+                 "metrics": (run_dir / "metrics.jsonl").exists()}
+    found = distributed.broadcast_object(found)
+    if found["summary"] is not None and resume is not False:
+        raise AlreadyFinished(found["summary"])
+    if resume is False and (found["checkpoint"] or found["summary"] or found["metrics"]):
+        raise ResumeError(f"resume=false but {run_dir} already holds a run (metrics.jsonl"
+                          f"{', a checkpoint' if found['checkpoint'] else ''}"
+                          f"{', a finished summary' if found['summary'] else ''}); continue it with resume=true or "
+                          f"resume=auto, or give a fresh hydra.run.dir")
+    if resume is True and found["checkpoint"] is None:
+        raise ResumeError(f"resume=true but {run_dir} holds no complete checkpoint (was train.checkpoint_every 0, "
+                          f"or the run killed before its first?); resume=auto starts afresh when there is none")
+    if resume == "auto" and found["checkpoint"] is None:
+        log.info("resume=auto: no checkpoint in %s, starting afresh", run_dir)
+    return PriorRun(Path(found["checkpoint"]) if found["checkpoint"] else None)
 
 
 def _rng_file(ckpt_dir: Path) -> Path:

@@ -16,10 +16,12 @@ import os
 
 import torch
 
+from core.errors import InputError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class DeviceError(ValueError):
+class DeviceError(InputError):
     """A device or precision this machine cannot run; raised before any model is built."""
 
 

@@ -45,17 +45,26 @@ def build_scheduler(optimizer, sched_cfg, total_steps: int):
     """``transformers.get_scheduler`` with warmup given as a ratio of ``total_steps`` or in steps."""
     from transformers import get_scheduler
 
-    warmup = int(sched_cfg.get("warmup_steps", 0) or 0)
-    if sched_cfg.get("warmup_ratio"):
+    warmup = int(sched_cfg.warmup_steps)
+    if sched_cfg.warmup_ratio:
         warmup = math.ceil(float(sched_cfg.warmup_ratio) * total_steps)
-    extra = dict(sched_cfg.get("kwargs") or {})
+    extra = dict(sched_cfg.kwargs)
     return get_scheduler(sched_cfg.name, optimizer, num_warmup_steps=warmup,
                          num_training_steps=total_steps, scheduler_specific_kwargs=extra or None)
 
 
 def build_optimizer(params, optim_cfg):
-    """Instantiate ``optim.optimizer`` (a ``_partial_`` ``_target_`` node) on ``params``."""
-    return instantiate(optim_cfg.optimizer)(params)
+    """Instantiate ``optim.optimizer`` (a ``_partial_`` ``_target_`` node) on ``params``; null keys are the
+    optimiser's own defaults, so they are not passed."""
+    return instantiate(optimizer_kwargs(optim_cfg.optimizer))(params)
+
+
+def optimizer_kwargs(node) -> dict:
+    """``optim.optimizer`` as a plain dict without its null keys."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    return {k: v for k, v in plain.items() if v is not None}
 
 
 class _Call(torch.nn.Module):
@@ -114,7 +123,7 @@ class TorchEngine:
         self._stepped = self.master.master if self.master else params  # what the optimiser updates
         self.optimizer = build_optimizer(self._stepped, optim_cfg)
         self.scheduler = build_scheduler(self.optimizer, optim_cfg.scheduler, total_steps)
-        self.max_grad_norm = float(optim_cfg.get("max_grad_norm", 0) or 0)
+        self.max_grad_norm = float(optim_cfg.max_grad_norm)
         self._call = _Call(model)
         self._ddp = None
         if distributed.world() > 1:  # broadcasts rank 0's weights, then all-reduces gradients in backward
@@ -194,15 +203,15 @@ def deepspeed_config(zero_cfg, optim_cfg, micro_batch: int, grad_accum: int, bf1
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
         "train_batch_size": micro_batch * grad_accum * distributed.world(),
-        "gradient_clipping": float(optim_cfg.get("max_grad_norm", 0) or 0),
+        "gradient_clipping": float(optim_cfg.max_grad_norm),
         "zero_allow_untested_optimizer": True,  # a torch AdamW client optimiser
-        "zero_optimization": {"stage": int(zero_cfg.stage), **dict(zero_cfg.get("options") or {})},
+        "zero_optimization": {"stage": int(zero_cfg.stage), **dict(zero_cfg.options)},
         "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
     for what in ("offload_optimizer", "offload_param"):
-        if zero_cfg.get(what):
+        if zero_cfg[what]:
             cfg["zero_optimization"][what] = {"device": "cpu", "pin_memory": True}
     return cfg
 
@@ -233,8 +242,8 @@ def model_init(zero_cfg, dtype: torch.dtype):
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     _deepspeed_distributed()
-    zero = {"stage": 3, **dict(zero_cfg.get("options") or {})}
-    if zero_cfg.get("offload_param"):
+    zero = {"stage": 3, **dict(zero_cfg.options)}
+    if zero_cfg.offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     keep = HfDeepSpeedConfig({"zero_optimization": zero, "bf16": {"enabled": dtype == torch.bfloat16},
                               "train_micro_batch_size_per_gpu": 1})  # noqa: F841 (transformers holds a weakref)
@@ -370,8 +379,8 @@ class FrozenModel:
             import deepspeed
 
             _deepspeed_distributed()
-            zero = {"stage": 3, **dict(zero_cfg.get("options") or {})}
-            if zero_cfg.get("offload_reference"):
+            zero = {"stage": 3, **dict(zero_cfg.options)}
+            if zero_cfg.offload_reference:
                 zero["offload_param"] = {"device": "cpu", "pin_memory": True}
             bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
             self._engine, *_ = deepspeed.initialize(model=model, config={

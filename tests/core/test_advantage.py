@@ -5,10 +5,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
 from core.algorithms.advantage import (ADVANTAGES, WHITENING, AdvantageInput, compute_advantages, discounted_returns,
                             token_rewards, value_mask)
+from core.config import schema
 
 CFGS = {
     "grpo": {"name": "grpo", "std": "group", "unbiased_std": True, "eps": 1e-4},
@@ -20,8 +20,12 @@ CFGS = {
 }
 
 
+SCHEMAS = {"grpo": schema.GrpoAdvantageConfig, "reinforce_pp": schema.ReinforcePPAdvantageConfig,
+           "gae": schema.GaeAdvantageConfig}
+
+
 def cfg(name, **kw):
-    return OmegaConf.create({**CFGS[name], **kw})
+    return schema.node(SCHEMAS.get(name, schema.AdvantageConfig), {**CFGS[name], **kw})
 
 
 def test_every_estimator_has_a_config_here():
@@ -256,12 +260,12 @@ def test_whitening_registry_and_hand_computed():
     assert WHITENING.names() == ["global", "local", "none"]
     adv = torch.tensor([[1.0, 3.0, 100.0]])
     mask = torch.tensor([[1, 1, 0]])
-    loc = WHITENING.get("local")(adv, mask, OmegaConf.create({}))
+    loc = WHITENING.get("local")(adv, mask, schema.node(schema.AdvantageConfig))
     # mean 2, unbiased var 2 -> (A - 2) / sqrt(2 + 1e-8); padding zeroed
     torch.testing.assert_close(loc, torch.tensor([[-1 / 2 ** 0.5, 1 / 2 ** 0.5, 0.0]]))
-    glob = WHITENING.get("global")(adv, mask, OmegaConf.create({}))
+    glob = WHITENING.get("global")(adv, mask, schema.node(schema.AdvantageConfig))
     torch.testing.assert_close(glob, torch.tensor([[-1.0, 1.0, 0.0]]))  # population var 1
-    centred = WHITENING.get("global")(adv, mask, OmegaConf.create({"whiten_std": False}))
+    centred = WHITENING.get("global")(adv, mask, schema.node(schema.AdvantageConfig, whiten_std=False))
     torch.testing.assert_close(centred, torch.tensor([[-1.0, 1.0, 0.0]]))
     assert torch.equal(WHITENING.get("none")(adv, mask, None), adv)
 

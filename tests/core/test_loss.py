@@ -12,11 +12,12 @@ from omegaconf import OmegaConf
 
 from core.algorithms.loss import (AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, AggContext, LossInput,
                        compute_policy_loss, kl_penalty)
+from core.config import schema
 
-LOSS = OmegaConf.create({"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "dual_clip": None,
+LOSS = schema.node(schema.LossConfig, {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "dual_clip": None,
                          "entropy_coef": 0.0, "aggregation": "token_mean",
                          "is_correction": {"mode": "none", "low": None, "high": 3.0}})
-KL = OmegaConf.create({"estimator": "k3", "coef": 0.1, "placement": "loss", "clamp": None, "log_ratio_clamp": None})
+KL = schema.node(schema.KLConfig, {"estimator": "k3", "coef": 0.1, "placement": "loss", "clamp": None, "log_ratio_clamp": None})
 
 
 def _inp(ratio, adv, mask=None, **kw):
@@ -91,7 +92,7 @@ def test_is_corrections_hand_computed():
     old = torch.log(torch.tensor([[1.0, 1.0, 1.0]]))
     roll = torch.log(torch.tensor([[0.5, 2.0, 0.1]]))  # w = old / rollout = 2, 0.5, 10
     inp = LossInput(old.clone(), old, torch.ones(1, 3), torch.ones(1, 3), rollout_logprobs=roll)
-    c = OmegaConf.create({"low": 0.6, "high": 3.0})
+    c = schema.node(schema.ISCorrectionConfig, low=0.6, high=3.0)
     torch.testing.assert_close(IS_CORRECTIONS.get("token_truncate")(inp, c), torch.tensor([[2.0, 0.6, 3.0]]))
     torch.testing.assert_close(IS_CORRECTIONS.get("token_mask")(inp, c), torch.tensor([[2.0, 0.0, 0.0]]))
     # sequence weight = 2 * 0.5 * 10 = 10 -> truncated to 3, masked to 0

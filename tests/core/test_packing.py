@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from core.config import schema
 from core.models import packing
 from core.models.critic import chunked_values, load_critic, token_values
 from core.models.loading import build_tiny_model_dir, load_causal_lm, load_tokenizer
@@ -30,7 +30,7 @@ ATTENTION = ("sdpa", "eager")
 
 def _load(arch: str, extra: dict, attn: str = "sdpa"):
     d = str(build_tiny_model_dir(arch, {**BASE, **extra}, 0))
-    model = load_causal_lm(d, OmegaConf.create({"dtype": "float32", "attn_implementation": attn}))
+    model = load_causal_lm(d, schema.node(schema.ModelConfig, dtype="float32", attn_implementation=attn))
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # HF initialises biases to 0 and norms to 1: randomise them so both paths are exercised
         for name, p in model.named_parameters():
@@ -49,7 +49,7 @@ def model_tok(request):
 def _rollout(model, tok, max_new=12, seed=0, texts=("12+3=", "1+1=", "45+67=", "9=")):
     """Sampled completions of prompts of different lengths (left padding), with several EOS ids so that
     some stop early (right padding after the EOS) and some run to the length limit."""
-    eng = build_rollout("hf", model, tok, {"generation_batch_size": 0})
+    eng = build_rollout("hf", model, tok, schema.node(schema.RolloutConfig))
     eng.eos_ids = sorted(set(tok("abcdefgh", add_special_tokens=False)["input_ids"]))
     torch.manual_seed(seed)
     prompts = [tok(s, add_special_tokens=False)["input_ids"] for s in texts for _ in range(3)]
@@ -168,8 +168,8 @@ def test_packed_critic_values_and_gradients_equal_the_padded_critic(arch):
     """The critic reads a value at every real input token, the EOS included (Open-Instruct's after_last)."""
     model, tok, d = _load(*MODELS["qwen2_gqa" if arch == "qwen2" else "llama_gqa_bias"])
     roll = _rollout(model, tok, seed=3)
-    critic = load_critic(d, OmegaConf.create({"init_from": None, "head_seed": 0}),
-                         OmegaConf.create({"dtype": "float32", "attn_implementation": "sdpa"}))
+    critic = load_critic(d, schema.node(schema.CriticConfig, head_seed=0),
+                         schema.node(schema.ModelConfig, dtype="float32"))
     inputs = roll.attention_mask[:, roll.prompt_length - 1:-1].bool()  # [N, R] the input token of each slot is real
     assert (inputs & ~roll.response_mask.bool()).any(), "the slot after an EOS is scored too"
     w = torch.randn(inputs.shape, generator=torch.Generator().manual_seed(2))

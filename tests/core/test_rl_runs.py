@@ -69,7 +69,7 @@ def test_cli_two_step_ppo_run(tmp_path):
 def test_ppo_resume_restores_critic_and_beta(compose_cfg, tmp_path):
     common = (*BASE, "advantage=gae", "kl=k1", "kl.controller=adaptive", "kl.target=0.001",
               "train.checkpoint_every=1", f"paths.results_dir={tmp_path}")
-    rl.main(compose_cfg(*common), run_dir=str(tmp_path / "run"))
+    rl.train(rl.setup(compose_cfg(*common), run_dir=str(tmp_path / "run")))  # killed before its save
     ckpt = tmp_path / "run" / "checkpoint"
     assert (ckpt / "critic" / "engine.pt").exists()
     saved = json.loads((ckpt / "trainer.json").read_text())

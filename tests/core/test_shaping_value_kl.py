@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from core.algorithms import shaping
 from core.algorithms.kl_control import KL_CONTROLLERS, KLController
 from core.models.loading import build_tiny_model_dir, load_causal_lm
 from core.models.logprobs import chunked_logprobs, response_logprobs
 from core.models.critic import chunked_values, load_critic, token_values, value_loss
+from core.config import schema
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 512, "tie_word_embeddings": True}
@@ -30,7 +30,7 @@ def test_soft_overlong_penalty_hand_computed():
 def test_mask_truncated_and_shape_order():
     mask = torch.ones(2, 3, dtype=torch.long)
     stopped = torch.tensor([True, False])
-    cfg = OmegaConf.create({"non_stop_penalty": -1.0, "mask_truncated": True, "overlong_buffer": 0})
+    cfg = schema.node(schema.ShapingConfig, {"non_stop_penalty": -1.0, "mask_truncated": True, "overlong_buffer": 0})
     scores, m = shaping.shape(torch.tensor([1.0, 1.0]), torch.tensor([True, True]), mask, stopped, 3, cfg)
     torch.testing.assert_close(scores, torch.tensor([1.0, -1.0]))
     assert m.tolist() == [[1, 1, 1], [0, 0, 0]]
@@ -38,9 +38,9 @@ def test_mask_truncated_and_shape_order():
 
 def test_kl_controllers():
     assert KL_CONTROLLERS.names() == ["adaptive", "fixed"]
-    fixed = KLController(OmegaConf.create({"coef": 0.1, "controller": "fixed"}))
+    fixed = KLController(schema.node(schema.KLConfig, {"coef": 0.1, "controller": "fixed"}))
     assert fixed.update(5.0, 100) == 0.1
-    ada = KLController(OmegaConf.create({"coef": 0.1, "controller": "adaptive", "target": 1.0, "horizon": 1000}))
+    ada = KLController(schema.node(schema.KLConfig, {"coef": 0.1, "controller": "adaptive", "target": 1.0, "horizon": 1000}))
     # KL 3x target -> error clipped to +0.2; beta * (1 + 0.2 * 100 / 1000)
     assert ada.update(3.0, 100) == pytest.approx(0.1 * 1.02)
     assert ada.update(0.95, 100) == pytest.approx(0.1 * 1.02 * (1 - 0.05 * 0.1))
@@ -72,7 +72,7 @@ def _batch():
 
 
 def test_chunked_logprobs_equal_one_forward(tiny_dir):
-    model = load_causal_lm(tiny_dir, OmegaConf.create({"dtype": "float32"}))
+    model = load_causal_lm(tiny_dir, schema.node(schema.ModelConfig, dtype="float32"))
     ids, am = _batch()
     full, _ = response_logprobs(model.eval(), ids, am, 4, 0.7)
     for mb in (1, 2, 5):
@@ -80,15 +80,15 @@ def test_chunked_logprobs_equal_one_forward(tiny_dir):
 
 
 def test_critic_from_policy_and_from_a_reward_model_folder(tiny_dir, tmp_path):
-    fp32 = OmegaConf.create({"dtype": "float32"})
-    critic = load_critic(tiny_dir, OmegaConf.create({"init_from": None, "head_seed": 0}), fp32)
+    fp32 = schema.node(schema.ModelConfig, dtype="float32")
+    critic = load_critic(tiny_dir, schema.node(schema.CriticConfig, head_seed=0), fp32)
     ids, am = _batch()
     v = token_values(critic.eval(), ids, am, 4)
     assert v.shape == (5, 7)
     torch.testing.assert_close(chunked_values(critic, ids, am, 4, 2), v.detach(), atol=1e-5, rtol=1e-5)
     critic.score.weight.data.fill_(0.01)
     critic.save_pretrained(tmp_path)  # stands in for a reward-model folder
-    again = load_critic(tiny_dir, OmegaConf.create({"init_from": str(tmp_path)}), fp32)
+    again = load_critic(tiny_dir, schema.node(schema.CriticConfig, init_from=str(tmp_path)), fp32)
     assert torch.all(again.score.weight == 0.01)
 
 
@@ -110,7 +110,7 @@ def test_penalties_edit_scored_samples_only():
     stopped = torch.tensor([False, False, True])
     valid = torch.tensor([True, False, False])
     for policy, unscored in (("zero", 0.0), ("exclude", float("nan"))):
-        cfg = OmegaConf.create({"none_reward": policy, "non_stop_penalty": -10.0, "overlong_buffer": 2,
+        cfg = schema.node(schema.ShapingConfig, {"none_reward": policy, "non_stop_penalty": -10.0, "overlong_buffer": 2,
                                 "overlong_factor": 1.0})
         s, _ = shaping.shape(torch.tensor([1.0, 1.0, 1.0]), valid, mask, stopped, 4, cfg)
         assert s[0] == -10.0  # scored and did not stop: replaced by the penalty

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
+from core.config import schema
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 512, "tie_word_embeddings": True}
@@ -17,17 +17,5 @@ def tiny_llama_dir():
 
 @pytest.fixture(scope="session")
 def model_cfg():
-    return OmegaConf.create({"name_or_path": None, "arch": "llama", "tiny": TINY, "dtype": "float32",
+    return schema.node(schema.ModelConfig, {"name_or_path": None, "arch": "llama", "tiny": TINY, "dtype": "float32",
                              "attn_implementation": "sdpa", "gradient_checkpointing": False})
-
-
-def compose(overrides: list[str]):
-    """The primary config composed with ``overrides`` (no run dir, no Hydra app)."""
-    from hydra import compose as hcompose
-    from hydra import initialize_config_dir
-
-    import recipes.run  # noqa: F401  (registers the ${root:} resolver)
-    from core.paths import CONF_DIR
-
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return hcompose("config", overrides=overrides)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
+from core.config.composition import compose
 from core.data import preferences as PD
+from core.config import schema
 from core.data.prompts import DataError
-
-from .conftest import compose
+from core.paths import CONF_DIR
 
 
 def _data_cfg(**kw):
-    base = OmegaConf.load(__import__("core.paths", fromlist=["x"]).CONF_DIR / "data" / "pairs_base.yaml")
+    base = OmegaConf.load(CONF_DIR / "data" / "pairs_base.yaml")
     base.pop("defaults", None)
-    return OmegaConf.merge(base, kw)
+    return schema.node(schema.PairDataConfig, base, **kw)
 
 
 ROWS = [{"chosen": "good", "rejected": "bad"}, {"chosen": "x"}, {"chosen": "", "rejected": "y"},

@@ -11,7 +11,7 @@ import pytest
 
 from core.paths import CONF_DIR, PROJECT_ROOT
 
-from .conftest import compose
+from core.config.composition import compose
 
 RM_RECIPES = sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml") if "\nloop: rm" in p.read_text()
                     or p.stem.startswith("openrlhf_rm_"))

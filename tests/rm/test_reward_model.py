@@ -5,9 +5,9 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from core.models import reward_model as RM
+from core.config import schema
 
 PAIRS = [{"chosen": [5, 6, 7, 8], "rejected": [5, 6, 9], "margin": 0.5},
          {"chosen": [5, 10], "rejected": [5, 11, 12, 13, 14], "margin": 0.0}]
@@ -27,12 +27,12 @@ def test_pair_batch_reads_the_last_real_token_on_either_side(side):
 def test_bt_loss_matches_the_formula_with_margin_and_centring():
     r = torch.tensor([2.0, 0.0, 1.0, 1.0])  # r_c = [2, 0], r_r = [1, 1]
     margin = torch.tensor([0.5, 0.0])
-    cfg = OmegaConf.create({"use_margin": True, "center_coef": 0.01})
+    cfg = schema.node(schema.RMLossConfig, use_margin=True, center_coef=0.01)
     loss, m = RM.bt_loss(r, margin, cfg)
     want = -(math.log(1 / (1 + math.exp(-0.5))) + math.log(1 / (1 + math.exp(1.0)))) / 2 + 0.01 * (9 + 1) / 2
     assert loss.item() == pytest.approx(want, rel=1e-6)
     assert m["accuracy"] == 0.5 and m["margin"] == pytest.approx(0.0)
-    plain, _ = RM.bt_loss(r, margin, OmegaConf.create({"use_margin": False, "center_coef": None}))
+    plain, _ = RM.bt_loss(r, margin, schema.node(schema.RMLossConfig))
     assert plain.item() == pytest.approx(-(math.log(torch.sigmoid(torch.tensor(1.0)).item())
                                            + math.log(torch.sigmoid(torch.tensor(-1.0)).item())) / 2, rel=1e-6)
 
@@ -54,7 +54,7 @@ def test_fresh_head_is_initialised_with_the_source_std(tiny_llama_dir, model_cfg
 
 
 def _lora_cfg(targets="all-linear"):
-    return OmegaConf.create({"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": targets})
+    return schema.node(schema.LoraConfig, rank=4, alpha=8, dropout=0.0, target_modules=targets)
 
 
 def test_lora_gradients_reach_only_lora_and_the_head(tiny_llama_dir, model_cfg):
@@ -64,7 +64,7 @@ def test_lora_gradients_reach_only_lora_and_the_head(tiny_llama_dir, model_cfg):
     head = [n for n in names if "score" in n]
     assert lora and head and len(lora) + len(head) == len(names), names
     r = RM.sequence_rewards(model, RM.pair_batch(PAIRS, 0, "right"))
-    RM.bt_loss(r, torch.zeros(2), OmegaConf.create({}))[0].backward()
+    RM.bt_loss(r, torch.zeros(2), schema.node(schema.RMLossConfig))[0].backward()
     with_grad = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     assert with_grad and all("lora_" in n or "score" in n for n in with_grad)
     assert any("lora_B" in n for n in with_grad) and any("score" in n for n in with_grad)
@@ -90,7 +90,7 @@ def test_lora_rm_merges_and_loads_as_a_plain_sequence_classifier(tiny_llama_dir,
                 p.normal_(std=0.5)  # a non-trivial adapter, so merging changes the weights
     batch = RM.pair_batch(PAIRS, 0, "right")
     before = RM.sequence_rewards(model, batch).detach()
-    optim = OmegaConf.create({"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},
+    optim = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},
                               "scheduler": {"name": "constant"}})
     engine = TorchEngine(model, optim, total_steps=1, grad_accum=1, device=torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)

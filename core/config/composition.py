@@ -1,0 +1,53 @@
+"""Composing the configs outside ``@hydra.main``, and the OmegaConf resolvers they use.
+
+Every entry point registers the resolvers (``recipes/run.py``, the benches, the tests' compose fixture):
+``${root:}``, the project root, and ``${run_id:}``, a suffix unique to this launch that keeps run dirs
+apart when many start in the same second. :func:`compose` is Hydra's compose API on ``conf/``, which
+Hydra's docs keep for tests, notebooks and tools like the benches; runs go through ``@hydra.main``.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+
+from omegaconf import OmegaConf
+
+from core.paths import CONF_DIR, PROJECT_ROOT
+
+
+@functools.cache
+def run_id() -> str:
+    """Six hex characters, the same for every interpolation in this process and for every rank of one
+    ``torchrun`` launch (its ``TORCHELASTIC_RUN_ID``), different between launches."""
+    shared = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    return shared.replace("-", "")[:6] if shared != "none" else secrets.token_hex(3)
+
+
+def register_resolvers() -> None:
+    """The resolvers, and the typed schema in Hydra's ConfigStore (the YAML files name it)."""
+    from core.config.schema import store
+
+    store()
+    for name, fn in (("root", lambda: str(PROJECT_ROOT)), ("run_id", run_id)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+
+
+def compose(overrides: list[str], with_hydra: bool = False):
+    """The primary config with ``overrides``, as ``python -m recipes.run`` would compose it. ``with_hydra``:
+    Hydra's own config is composed too and set as this process's ``HydraConfig``, so ``${hydra:...}``
+    interpolations (``recipe_name``) resolve, as they do in a run."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
+    if with_hydra:
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return cfg

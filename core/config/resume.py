@@ -1,0 +1,63 @@
+"""The config a run dir was started with, and what a resume may change of it.
+
+A resume continues the run its checkpoint belongs to: the recipe, model, data, batch shapes, optimiser and
+every algorithm setting stay as they were, or the steps after the checkpoint would silently train under
+another config than ``config.yaml`` records (a new learning rate, say, while the optimiser state restores
+the old schedule). So a resume whose config differs from the saved one outside :data:`RESUMABLE` is
+refused, before any model is built, with every difference listed; ``config.yaml`` is rewritten only once
+the resume has loaded its checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from core.training.checkpoint import ResumeError
+
+# Keys a resume may change: how long it runs and how it reports, where it runs and reads its data.
+RESUMABLE = ("resume", "train.total_steps", "train.eval_every", "train.checkpoint_every", "logger.", "device",
+             "cpu_threads", "paths.")
+
+
+def write_config(run_dir: Path, cfg) -> None:
+    """``config.yaml``, the resolved config (a ``DictConfig`` or the frozen one), written atomically."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".config.yaml.tmp{os.getpid()}"
+    node = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(json.loads(json.dumps(cfg)))
+    tmp.write_text(OmegaConf.to_yaml(node, resolve=True))
+    os.replace(tmp, run_dir / "config.yaml")
+
+
+def check_resume_config(run_dir: Path, cfg) -> None:
+    """Raise :class:`ResumeError` listing each key whose value differs from ``run_dir/config.yaml`` outside
+    :data:`RESUMABLE` (or the missing file)."""
+    saved_path = Path(run_dir) / "config.yaml"
+    if not saved_path.exists():
+        raise ResumeError(f"resume: {saved_path} is missing, so the checkpoint's config cannot be checked")
+    saved = _flat(yaml.safe_load(saved_path.read_text()))
+    new = _flat(OmegaConf.to_container(cfg, resolve=True))
+    changed = [k for k in sorted(saved.keys() | new.keys())
+               if saved.get(k, "<absent>") != new.get(k, "<absent>") and not _resumable(k)]
+    if changed:
+        lines = [f"{k}: {saved.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in changed]
+        raise ResumeError(f"resume: the config differs from the one {run_dir} was started with, outside what a "
+                          f"resume may change ({', '.join(RESUMABLE)}):\n    " + "\n    ".join(lines) +
+                          "\n  start a new run (from the checkpoint's model if you like) to change these")
+
+
+def _resumable(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE)
+
+
+def _flat(node, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out or {prefix[:-1]: {}}
+    return {prefix[:-1]: node}

@@ -1,0 +1,493 @@
+"""The typed schema of every config key: Hydra structured configs (dataclasses in the ConfigStore).
+
+Each group YAML names its schema at the top of its defaults list (``- /schema/train/rl@_here_``) and holds
+values; the dataclass gives every key its one type and one default, and Hydra refuses a value of the wrong
+type while it composes (``seed=abc``). A field's ``check`` metadata is its range (probabilities in [0, 1],
+positive sizes and learning rates, non-negative coefficients, enums); :func:`check_schema` applies them to
+the final config (after ``scale``), refuses keys no schema declares (``+train.unknown_key=1``, which Hydra
+lets through) with the nearest valid names, and is the first check every loop runs, before any model.
+
+A group with variants has one schema per variant (``train``: RL or reward-model loop; ``data``: prompts or
+preference pairs; ``advantage``: one per estimator with its own keys). Free-form nodes (``kwargs``,
+``options``, a tiny model's dimensions) are ``Dict[str, Any]`` and are checked where they are used.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+Check = Callable[[Any], Optional[str]]  # value -> what was expected, or None when it fits
+
+
+# --- range checks: each returns a description of what was expected, or None ---------------------------
+
+
+def at_least(lo: float, optional: bool = False) -> Check:
+    return lambda v: None if (v is None and optional) or (v is not None and v >= lo) else \
+        f"a number >= {lo}" + (" or null" if optional else "")
+
+
+def above(lo: float, optional: bool = False) -> Check:
+    return lambda v: None if (v is None and optional) or (v is not None and v > lo) else \
+        f"a number > {lo}" + (" or null" if optional else "")
+
+
+def between(lo: float, hi: float, hi_open: bool = False, optional: bool = False) -> Check:
+    def check(v):
+        if v is None and optional:
+            return None
+        return None if v is not None and lo <= v and (v < hi if hi_open else v <= hi) else \
+            f"a number in [{lo}, {hi}{')' if hi_open else ']'}" + (" or null" if optional else "")
+    return check
+
+
+def one_of(*names) -> Check:
+    return lambda v: None if v in names else f"one of {list(names)}"
+
+
+def registered(module: str, attr: str) -> Check:
+    """A name registered in ``module.attr``: a Registry, a collection of names or a function returning
+    them (imported when checked, so the schema stays import-light)."""
+    def check(v):
+        import importlib
+
+        obj = getattr(importlib.import_module(module), attr)
+        names = obj.names() if hasattr(obj, "names") else sorted(obj() if callable(obj) else obj)
+        return None if v in names else f"one of {names}"
+    return check
+
+
+def ck(default: Any = dataclasses.MISSING, check: Check | None = None, factory: Callable | None = None):
+    """A schema field with a default (or ``factory``) and an optional range ``check``."""
+    meta = {"check": check} if check else {}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+POS = at_least(1)
+NONNEG = at_least(0)
+OPT_POS = at_least(1, optional=True)
+BOOL_OR_AUTO = one_of("auto", True, False)
+
+# --- top level --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PathsConfig:
+    data_dir: str = "../shared/data"
+    results_dir: str = "results"
+
+
+@dataclass
+class Config:
+    """conf/config.yaml: the keys outside any group. The groups are typed by their own schemas below."""
+
+    loop: str = ck("rl", one_of("rl", "rm"))
+    seed: int = ck(0, NONNEG)
+    device: str = "auto"
+    cpu_threads: int = ck(0, NONNEG)
+    recipe_name: str = "?"
+    resume: Any = ck(False, BOOL_OR_AUTO)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    model: Any = None
+    data: Any = None
+    rollout: Any = None
+    advantage: Any = None
+    loss: Any = None
+    kl: Any = None
+    optim: Any = None
+    zero: Any = None
+    verifier: Any = None
+    train: Any = None
+    logger: Any = None
+    scale: Any = None
+
+
+# --- model, data ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: Optional[str] = None  # hub name or local dir; null: build ``tiny`` locally
+    arch: str = ck("qwen2", registered("core.models.loading", "ARCHITECTURES"))
+    init_seed: int = ck(0, NONNEG)
+    tiny: Optional[Dict[str, Any]] = None
+    dtype: str = ck("float32", one_of("float32", "bfloat16", "float16"))
+    attn_implementation: str = ck("sdpa", one_of("eager", "sdpa", "flash_attention_2", "flash_attention_3"))
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class PromptDataConfig:
+    source: str = ck("arithmetic", registered("core.data.prompts", "SOURCES"))
+    path: Optional[str] = None
+    hub_name: Optional[str] = None
+    hub_config: Optional[str] = None
+    split: str = "train"
+    eval_path: Optional[str] = None
+    eval_split: str = "test"
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    template: str = "{prompt}"
+    chat_template: bool = False
+    max_prompt_chars: Optional[int] = ck(None, OPT_POS)
+    generator: Optional[Dict[str, Any]] = None
+    tiny: Optional[Dict[str, Any]] = None
+
+
+@dataclass
+class PairDataConfig:
+    source: str = ck("file", registered("core.data.preferences", "PAIR_SOURCES"))
+    path: Optional[str] = None
+    hub_name: Optional[str] = None
+    split: str = "train"
+    eval: str = ck("holdout", one_of("holdout", "train_head", "source"))
+    eval_fraction: float = ck(0.1, between(0, 1, hi_open=True))
+    eval_source: str = ck("hub", registered("core.data.preferences", "PAIR_SOURCES"))
+    eval_path: Optional[str] = None
+    eval_hub_name: Optional[str] = None
+    eval_split: str = "test"
+    max_pairs: Optional[int] = ck(None, OPT_POS)
+    eval_max_pairs: Optional[int] = ck(None, OPT_POS)
+    seed: int = ck(1234, NONNEG)
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+    margin_key: Optional[str] = None
+    apply_chat_template: bool = True
+    append_eos: bool = False
+    eos_separator: str = ""
+    add_bos: bool = False
+    force_eos: bool = False
+    too_long: str = ck("drop", one_of("drop", "truncate"))
+    bad_rows: str = ck("drop", one_of("drop", "error"))
+    generator: Optional[Dict[str, Any]] = None
+    tiny: Optional[Dict[str, Any]] = None
+
+
+# --- rollout ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class VllmConfig:
+    dtype: str = ck("bfloat16", one_of("bfloat16", "float16", "float32", "auto"))
+    gpu_memory_utilization: float = ck(0.3, between(0, 1))
+    tensor_parallel_size: int = ck(1, POS)
+    max_model_len: Optional[int] = ck(None, OPT_POS)
+    seed: int = ck(0, NONNEG)
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = ck("hf", registered("core.rollout", "rollout_engines"))
+    max_new_tokens: int = ck(16, POS)
+    temperature: float = ck(1.0, above(0))  # greedy rollouts are asked for by name: ``greedy``
+    greedy: bool = False
+    top_p: float = ck(1.0, lambda v: None if 0 < v <= 1 else "a number in (0, 1]")
+    top_k: int = ck(0, at_least(-1))  # 0 or -1 (vLLM's spelling): off
+    generation_batch_size: int = ck(0, NONNEG)  # 0: all at once
+    gather_for_generation: bool = True
+    vllm: Optional[VllmConfig] = None
+
+
+# --- algorithms -------------------------------------------------------------------------------------------
+
+_ADV = registered("core.algorithms.advantage", "ADVANTAGES")
+_WHITEN = registered("core.algorithms.advantage", "WHITENING")
+
+
+@dataclass
+class AdvantageConfig:
+    """Keys every estimator has; each estimator's schema adds its own."""
+
+    name: str = ck("grpo", _ADV)
+    whiten: str = ck("none", _WHITEN)
+    whiten_std: bool = True
+    # The token that carries the score (and the critic's target): last | after_last (Open-Instruct PPO).
+    score_position: str = ck("last", registered("core.algorithms.advantage", "SCORE_POSITIONS"))
+
+
+@dataclass
+class GrpoAdvantageConfig(AdvantageConfig):
+    std: str = "group"  # choices per estimator: ADVANTAGES meta, checked in validate.py
+    unbiased_std: bool = True
+    eps: float = ck(1e-4, above(0))
+
+
+@dataclass
+class ReinforcePPAdvantageConfig(AdvantageConfig):
+    gamma: float = ck(1.0, between(0, 1))
+
+
+@dataclass
+class CriticConfig:
+    init_from: Optional[str] = None
+    head_seed: int = ck(0, NONNEG)
+    lr: float = ck(1e-4, above(0))
+    coef: float = ck(0.1, NONNEG)
+    clip: Optional[float] = ck(0.2, above(0, optional=True))
+
+
+@dataclass
+class GaeAdvantageConfig(AdvantageConfig):
+    gamma: float = ck(1.0, between(0, 1))
+    lam: float = ck(0.95, between(0, 1))
+    critic: CriticConfig = field(default_factory=CriticConfig)
+
+
+@dataclass
+class ISCorrectionConfig:
+    mode: str = ck("none", registered("core.algorithms.loss", "IS_CORRECTIONS"))
+    low: Optional[float] = ck(None, at_least(0, optional=True))
+    high: Optional[float] = ck(3.0, above(0, optional=True))
+
+
+@dataclass
+class LossConfig:
+    name: str = ck("ppo_clip", registered("core.algorithms.loss", "POLICY_LOSSES"))
+    clip_low: float = ck(0.2, between(0, 1, hi_open=True))
+    clip_high: float = ck(0.2, NONNEG)
+    dual_clip: Optional[float] = ck(None, above(1, optional=True))
+    entropy_coef: float = ck(0.0, NONNEG)
+    aggregation: str = ck("token_mean", registered("core.algorithms.loss", "AGGREGATIONS"))
+    is_correction: ISCorrectionConfig = field(default_factory=ISCorrectionConfig)
+
+
+@dataclass
+class KLConfig:
+    estimator: str = ck("k3", registered("core.algorithms.loss", "KL_ESTIMATORS"))
+    coef: float = ck(0.04, NONNEG)
+    placement: str = ck("loss", one_of("reward", "loss"))
+    reference: Any = ck("auto", BOOL_OR_AUTO)
+    controller: str = ck("fixed", registered("core.algorithms.kl_control", "KL_CONTROLLERS"))
+    target: Optional[float] = ck(None, above(0, optional=True))
+    horizon: int = ck(10000, POS)
+    clamp: Optional[float] = ck(None, above(0, optional=True))
+    log_ratio_clamp: Optional[float] = ck(None, above(0, optional=True))
+
+
+# --- optimisation, sharding -------------------------------------------------------------------------------
+
+
+@dataclass
+class OptimizerConfig:
+    """A ``hydra.utils.instantiate`` target (``_partial_``: built on the parameters at run time). A key left
+    null is not passed, so the optimiser's own default applies (SGD has no ``betas``); a key the target's
+    signature lacks is refused (core/config/validate.py)."""
+
+    _target_: str = "torch.optim.AdamW"
+    _partial_: bool = True
+    lr: float = ck(1e-6, above(0))
+    betas: Optional[List[float]] = ck(None, lambda v: None if v is None or (len(v) == 2 and all(0 <= b < 1 for b in v))
+                                      else "two numbers in [0, 1)")
+    eps: Optional[float] = ck(None, above(0, optional=True))
+    weight_decay: Optional[float] = ck(None, at_least(0, optional=True))
+    fused: Optional[bool] = None
+    momentum: Optional[float] = ck(None, between(0, 1, hi_open=True, optional=True))
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = "constant"  # a transformers.get_scheduler name (checked there: SchedulerType)
+    warmup_ratio: float = ck(0.0, between(0, 1))
+    warmup_steps: int = ck(0, NONNEG)
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    max_grad_norm: float = ck(1.0, NONNEG)  # 0: no clipping
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@dataclass
+class ZeroConfig:
+    stage: int = ck(0, one_of(0, 1, 2, 3))
+    offload_optimizer: bool = False
+    offload_param: bool = False  # ZeRO-3 only (validate.py)
+    offload_reference: bool = False  # ZeRO-3 only
+    options: Dict[str, Any] = field(default_factory=dict)  # more zero_optimization keys, passed through
+
+
+@dataclass
+class VerifierConfig:
+    name: str = "math"  # a registered verifier or ``module:function`` (checked by get_verifier)
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+# --- loops ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ShapingConfig:
+    none_reward: str = ck("mask", registered("core.algorithms.shaping", "NONE_REWARDS"))
+    non_stop_penalty: Optional[float] = None
+    mask_truncated: bool = False
+    overlong_buffer: int = ck(0, NONNEG)
+    overlong_factor: float = ck(1.0, NONNEG)
+    reward_clip: Optional[List[float]] = ck(None, lambda v: None if v is None or (len(v) == 2 and v[0] < v[1])
+                                            else "[low, high] with low < high, or null")
+
+
+@dataclass
+class WarmStartConfig:
+    steps: int = ck(0, NONNEG)  # 0: none
+    eval_every: int = ck(50, POS)
+    target_accuracy: float = ck(0.2, between(0, 1))
+    holdout: int = ck(100, NONNEG)
+    batch_size: int = ck(32, POS)
+    lr: float = ck(1e-3, above(0))
+    seed: int = ck(0, NONNEG)
+    target: str = "\\boxed{{{answer}}}"
+
+
+@dataclass
+class RLTrainConfig:
+    total_steps: int = ck(20, POS)
+    prompts_per_step: int = ck(16, POS)
+    group_size: int = ck(8, POS)
+    mini_batch_size: int = ck(128, POS)
+    micro_batch_size: int = ck(32, POS)
+    ppo_epochs: int = ck(1, POS)
+    shuffle_mini_batches: bool = False
+    packing: Any = ck("auto", BOOL_OR_AUTO)
+    logprob_micro_batch_size: int = ck(64, POS)
+    shaping: ShapingConfig = field(default_factory=ShapingConfig)
+    eval_every: int = ck(0, NONNEG)
+    eval_prompts: int = ck(0, NONNEG)  # 0: the whole eval split
+    checkpoint_every: int = ck(0, NONNEG)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+
+@dataclass
+class RMLossConfig:
+    use_margin: bool = False
+    center_coef: Optional[float] = ck(None, at_least(0, optional=True))
+
+
+@dataclass
+class LoraConfig:
+    rank: int = ck(0, NONNEG)  # 0: full fine-tuning
+    alpha: float = ck(16, above(0))
+    dropout: float = ck(0.0, between(0, 1, hi_open=True))
+    target_modules: Any = "all-linear"
+
+
+@dataclass
+class RMTrainConfig:
+    batch_size: int = ck(256, POS)
+    micro_batch_size: int = ck(1, POS)
+    epochs: int = ck(1, POS)
+    max_steps: Optional[int] = ck(None, OPT_POS)
+    max_len: int = ck(2048, POS)
+    padding_side: str = ck("right", one_of("left", "right"))
+    head_init: str = ck("transformers", registered("core.models.reward_model", "HEAD_INITS"))
+    disable_dropout: bool = True
+    packing: bool = False
+    loss: RMLossConfig = field(default_factory=RMLossConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    eval_batch_size: int = ck(8, POS)
+    eval_before: bool = True
+    eval_every: int = ck(0, NONNEG)
+    checkpoint_every: int = ck(0, NONNEG)
+    tiny: Optional[Dict[str, Any]] = None
+
+
+@dataclass
+class LoggerConfig:
+    tensorboard: bool = True
+    progress: bool = True
+    samples_every: int = ck(10, NONNEG)  # 0: no sample completions logged
+    samples: int = ck(4, NONNEG)
+
+
+@dataclass
+class ScaleConfig:
+    name: str = ck("full", one_of("full", "tiny"))
+    prompts_per_step: Optional[int] = ck(None, OPT_POS)
+    max_group_size: Optional[int] = ck(None, OPT_POS)
+    total_steps: Optional[int] = ck(None, OPT_POS)
+    max_new_tokens: Optional[int] = ck(None, OPT_POS)
+    model: Optional[Dict[str, Any]] = None
+
+
+# group/name under ``schema/`` -> dataclass; a group YAML names one in its defaults list.
+SCHEMAS: dict[str, type] = {
+    "config": Config,
+    "model/model": ModelConfig,
+    "data/prompts": PromptDataConfig,
+    "data/pairs": PairDataConfig,
+    "rollout/rollout": RolloutConfig,
+    "advantage/grpo": GrpoAdvantageConfig,
+    "advantage/plain": AdvantageConfig,
+    "advantage/reinforce_pp": ReinforcePPAdvantageConfig,
+    "advantage/gae": GaeAdvantageConfig,
+    "loss/loss": LossConfig,
+    "kl/kl": KLConfig,
+    "optim/optim": OptimConfig,
+    "zero/zero": ZeroConfig,
+    "verifier/verifier": VerifierConfig,
+    "train/rl": RLTrainConfig,
+    "train/rm": RMTrainConfig,
+    "logger/logger": LoggerConfig,
+    "scale/scale": ScaleConfig,
+}
+
+
+def store() -> None:
+    """Put every schema in Hydra's ConfigStore (idempotent) under ``schema/<group>/<name>``."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for key, node in SCHEMAS.items():
+        group, _, name = key.rpartition("/")
+        cs.store(group=f"schema/{group}" if group else "schema", name=name, node=node)
+
+
+# --- the check --------------------------------------------------------------------------------------------
+
+
+def check_schema(cfg) -> list[str]:
+    """Every unknown key (with the nearest valid names) and every value out of its range in ``cfg``,
+    a composed ``DictConfig`` whose nodes carry their schema types."""
+    errors: list[str] = []
+    _walk(cfg, Config, "", errors)
+    return errors
+
+
+def _walk(node, schema: type | None, prefix: str, errors: list[str]) -> None:
+    if not isinstance(node, DictConfig) or schema is None or not dataclasses.is_dataclass(schema):
+        return
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=3, cutoff=0.5)
+            hint = f"did you mean {' or '.join(prefix + n for n in near)}?" if near else \
+                f"valid keys here: {', '.join(fields)}"
+            errors.append(f"{path}: unknown key ({schema.__name__}); {hint}")
+            continue
+        value = node._get_node(key)
+        if isinstance(value, DictConfig):
+            sub = OmegaConf.get_type(value)
+            _walk(value, sub if dataclasses.is_dataclass(sub) else None, path + ".", errors)
+            continue
+        check = fields[key].metadata.get("check")
+        if check is None:
+            continue
+        raw = OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else node[key]
+        problem = check(raw)
+        if problem is not None:
+            errors.append(f"{path}={raw!r}: expected {problem}")
+
+
+def node(schema: type, values: dict | None = None, **kw) -> DictConfig:
+    """One group's config outside a composed run (tests, benches, workers): the schema's defaults with
+    ``values`` and ``kw`` merged over them, typed and checked like a composed one."""
+    return OmegaConf.merge(OmegaConf.structured(schema), values or {}, kw)

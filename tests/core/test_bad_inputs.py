@@ -1,0 +1,145 @@
+"""Bad inputs are refused before any model is built, each naming the key or file, the value and what was
+expected: the typed schema (core/config/schema.py), the input checks (core/config/validate.py
+``final_config``), the data readers. In-process through the loops' own first checks; test_cli.py runs a
+sample of them through the command line."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from core.config import schema
+from core.config.scale import apply_scale
+from core.config.validate import ConfigError, check_rl, final_config
+from core.data.prompts import DataError, read_rows
+
+# overrides -> a fragment of the message; every one a value the RL loop once accepted or failed on late.
+RL_CASES = [
+    (["+train.unknown_key=1"], "train.unknown_key: unknown key (RLTrainConfig); valid keys here: total_steps"),
+    (["+train.total_step=3"], "train.total_step: unknown key (RLTrainConfig); did you mean train.total_steps"),
+    (["+sed=3"], "sed: unknown key (Config); did you mean seed"),
+    (["+train.warm_start.stpes=3"], "did you mean train.warm_start.steps"),
+    (["rollout.temperature=-0.5"], "rollout.temperature=-0.5: expected a number > 0"),
+    (["rollout.temperature=0"], "rollout.temperature=0.0: expected a number > 0"),
+    (["rollout.top_p=1.5"], "rollout.top_p=1.5: expected a number in (0, 1]"),
+    (["rollout.top_k=-2"], "rollout.top_k=-2: expected a number >= -1"),
+    (["rollout.max_new_tokens=0"], "rollout.max_new_tokens=0: expected a number >= 1"),
+    (["kl.coef=-1"], "kl.coef=-1.0: expected a number >= 0"),
+    (["train.checkpoint_every=-1"], "train.checkpoint_every=-1: expected a number >= 0"),
+    (["train.warm_start.target_accuracy=1.5"], "train.warm_start.target_accuracy=1.5: expected a number in [0, 1]"),
+    (["optim.optimizer.lr=-1"], "optim.optimizer.lr=-1.0: expected a number > 0"),
+    (["optim.optimizer.betas=[0.9,1.5]"], "optim.optimizer.betas=[0.9, 1.5]: expected two numbers in [0, 1)"),
+    (["optim.optimizer._target_=torch.optim.SGD"], "optim.optimizer.betas=[0.9, 0.999]: torch.optim.SGD takes no"),
+    (["optim.optimizer._target_=torch.optim.Nope"], "optim.optimizer._target_='torch.optim.Nope': not an importable"),
+    (["optim.max_grad_norm=-1"], "optim.max_grad_norm=-1.0: expected a number >= 0"),
+    (["loss.clip_low=1.5"], "loss.clip_low=1.5: expected a number in [0, 1)"),
+    (["loss.entropy_coef=-0.1"], "loss.entropy_coef=-0.1: expected a number >= 0"),
+    (["model.dtype=nope"], "model.dtype='nope': expected one of ['float32', 'bfloat16', 'float16']"),
+    (["model.arch=gpt2"], "model.arch='gpt2': expected one of ['llama', 'qwen2']"),
+    (["model.name_or_path=/nonexistent"], "model.name_or_path=/nonexistent: no such local directory"),
+    (["zero=stage2", "zero.offload_param=true"], "zero.offload_param=true with zero.stage=2"),
+    (["zero=stage1", "zero.offload_reference=true"], "zero.offload_reference=true with zero.stage=1"),
+    (["resume=maybe"], "resume='maybe': expected one of ['auto', True, False]"),
+    (["cpu_threads=-1"], "cpu_threads=-1: expected a number >= 0"),
+    (["advantage=gae", "advantage.critic.lr=0"], "advantage.critic.lr=0.0: expected a number > 0"),
+    (["verifier.name=nope"], "verifier.name='nope': unknown verifier 'nope'"),
+    pytest.param(["rollout=vllm"], "vLLM is not installed here: install the gpu extra",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")),
+]
+
+
+def _refusal(cfg) -> str:
+    with pytest.raises(ConfigError) as e:
+        check_rl(final_config(cfg))
+    return str(e.value)
+
+
+@pytest.mark.parametrize("overrides, message", RL_CASES)
+def test_bad_values_are_refused_naming_key_value_and_expectation(compose_cfg, overrides, message):
+    assert message in _refusal(compose_cfg(*overrides))
+
+
+def test_the_cases_cover_every_kind_of_check():
+    """The table holds unknown keys, ranges, enums, cross-key checks and inputs (guards against a table that
+    shrinks to nothing)."""
+    kinds = {"unknown key": 0, "expected a number": 0, "expected one of": 0, "with zero.stage": 0,
+             "no such local directory": 0}
+    for case in RL_CASES:
+        message = case.values[1] if hasattr(case, "values") else case[1]
+        for kind in kinds:
+            kinds[kind] += kind in message
+    assert all(kinds.values()) and len(RL_CASES) >= 27, kinds
+
+
+def test_the_reward_model_loop_checks_its_batch_sizes(compose_cfg):
+    msg = _refusal_rm(compose_cfg("recipe=tiny_rm", "train.batch_size=0", "train.lora.dropout=1"))
+    assert "train.batch_size=0: expected a number >= 1" in msg and "train.lora.dropout=1.0" in msg
+
+
+def _refusal_rm(cfg) -> str:
+    with pytest.raises(ConfigError) as e:
+        final_config(cfg)
+    return str(e.value)
+
+
+def test_wrong_types_are_refused_while_composing(compose_cfg):
+    for override, message in (("seed=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+                              ("optim.optimizer.lr=abc", "could not be converted to Float"),
+                              ("train.total_step=3", "Key 'total_step' not in 'RLTrainConfig'")):
+        with pytest.raises(ConfigCompositionException) as e:
+            compose_cfg(override)
+        assert message in str(e.value) + str(e.value.__cause__)
+
+
+def test_every_config_option_matches_its_schema(compose_cfg):
+    """Every option of every group composes typed and passes the schema: the YAML files hold only declared keys."""
+    from core.paths import CONF_DIR
+
+    count = 0
+    for group in sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("recipe", "debug")):
+        for option in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
+            loop = ["recipe=tiny_rm"] if option.startswith("pairs") or option in ("rm",) or "_rm" in option else []
+            cfg = compose_cfg(*loop, f"{group}={option}")
+            assert OmegaConf.get_type(cfg) is schema.Config and dataclasses.is_dataclass(OmegaConf.get_type(cfg[group]))
+            assert schema.check_schema(cfg) == [], (group, option)
+            count += 1
+    for recipe in sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml")):
+        assert schema.check_schema(compose_cfg(f"recipe={recipe}")) == [], recipe
+        count += 1
+    assert count >= 35
+
+
+def test_scale_keeps_what_the_command_line_sets(compose_cfg):
+    assert apply_scale(compose_cfg("scale=tiny", "train.total_steps=10")).train.total_steps == 2  # the scale's
+    cfg = compose_cfg("scale=tiny", "train.total_steps=10", "train.micro_batch_size=7")
+    kept = apply_scale(cfg, ("train.total_steps", "train.micro_batch_size", "model"))
+    assert kept.train.total_steps == 10 and kept.train.micro_batch_size == 7
+    assert kept.model.tiny.hidden_size == 32  # a group choice is not a value the scale keeps
+    with pytest.raises(ConfigError, match="train.mini_batch_size=16 is not divisible by train.micro_batch_size"):
+        check_rl(kept)
+
+
+def test_a_malformed_jsonl_line_is_named_with_its_file_and_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n\n" + '{"prompt": "2+2=", "answer": 4\n')
+    with pytest.raises(DataError, match=rf"data.path: {path} line 3 is not valid JSON"):
+        read_rows(path)
+    path.write_text('{"prompt": "1+1="}\n[1, 2]\n')
+    with pytest.raises(DataError, match="line 2 is a JSON list, expected an object"):
+        read_rows(path)
+
+
+def test_a_results_dir_that_cannot_be_written_is_refused(compose_cfg, tmp_path):
+    (tmp_path / "file").write_text("")
+    msg = _refusal(compose_cfg(f"paths.results_dir={tmp_path}/file/results"))
+    assert f"paths.results_dir={tmp_path}/file/results: {tmp_path}/file is not a directory" in msg
+
+
+def test_a_local_model_dir_without_a_model_is_refused(compose_cfg, tmp_path):
+    msg = _refusal(compose_cfg(f"model.name_or_path={tmp_path}"))
+    assert f"model.name_or_path={tmp_path}: the directory has no config.json" in msg
+    final_config(compose_cfg("model.name_or_path=Qwen/Qwen2.5-7B"))  # a hub name is from_pretrained's to judge
