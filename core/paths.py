@@ -12,6 +12,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = PROJECT_ROOT / "conf"
 # `../shared/data` beside the clone by default; RLR_DATA_DIR overrides (CI, clusters).
 DEFAULT_DATA_DIR = os.environ.get("RLR_DATA_DIR", "../shared/data")
+# The results table and run dirs (conf/config.yaml paths.results_dir; recipes.compare reads the same).
+DEFAULT_RESULTS_DIR = os.environ.get("RLR_RESULTS_DIR", str(PROJECT_ROOT / "results"))
 # Locally built tiny models and tokenizers are cached here (git-ignored).
 DEFAULT_CACHE_DIR = os.environ.get("RLR_CACHE_DIR", ".cache")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from core.paths import PROJECT_ROOT
+from core.paths import DEFAULT_RESULTS_DIR
 from core.reporting.results import markdown_table, read_rows
 
 # Config keys that never make two runs different experiments.
@@ -149,7 +149,8 @@ def _mean_curve(curves: list[dict[int, float]]) -> tuple[list[int], list[float]]
 
 def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results-dir", default=str(PROJECT_ROOT / "results"), help="folder holding runs.jsonl")
+    ap.add_argument("--results-dir", default=DEFAULT_RESULTS_DIR,
+                    help="folder holding runs.jsonl (default: $RLR_RESULTS_DIR, else results/ in the project)")
     ap.add_argument("--recipe", default=None, help="only rows of this recipe")
     ap.add_argument("--last", type=int, default=0, help="only the last N rows (0 = all)")
     ap.add_argument("--csv", default=None, help="also write the comparison as CSV to this file")

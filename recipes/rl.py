@@ -126,7 +126,8 @@ def setup(cfg, run_dir: str | None = None) -> Run:
               FrozenModel(ref, cfg.zero, device) if ref is not None else None,
               build_rollout(cfg.rollout.engine, engine.module, tokenizer, cfg.rollout), verifier,
               D.PromptSampler(len(train_rows), int(cfg.train.prompts_per_step), int(cfg.seed)),
-              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main()),
+              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main(),
+                            wandb=cfg.logger.wandb, config=cfg),
               critic=critic, kl_ctl=KLController(cfg.kl))
     if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
         seed_everything(int(cfg.seed) + 1_000_003 * rank)
@@ -162,6 +163,10 @@ def _resume(run: Run, ckpt: Path) -> None:
     run.sampler.restore(state["sampler"])
     run.kl_ctl.beta = float(state["kl_beta"])
     run.writer.rewind(state["metrics_rows"], state["sample_rows"])
+    if run.cfg.resume_allow_changes:  # the config's optimiser values, not the checkpoint's
+        run.engine.retune(run.cfg.optim.optimizer)
+        if run.critic is not None:
+            run.critic.retune(_critic_optim(run.cfg).optimizer)
     if distributed.is_main():
         write_config(run.run_dir, run.cfg)  # the resumed config (only keys a resume may change differ)
 

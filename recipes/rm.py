@@ -93,7 +93,7 @@ def setup(cfg) -> Run:
                                 int(cfg.train.micro_batch_size), device)
     run = Run(cfg, run_dir, plan, train_pairs, eval_pairs, stats, tokenizer, device, engine,
               PromptSampler(len(train_pairs), int(cfg.train.batch_size), int(cfg.seed)),
-              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard)))
+              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), wandb=cfg.logger.wandb, config=cfg))
     if prior.checkpoint is not None:
         _resume(run, prior.checkpoint)
     else:
@@ -133,6 +133,8 @@ def _resume(run: Run, ckpt: Path) -> None:
     run.step, run.history = state["step"], state["history"]
     run.sampler.restore(state["sampler"])
     run.writer.rewind(state["metrics_rows"])
+    if run.cfg.resume_allow_changes:  # the config's optimiser values, not the checkpoint's
+        run.engine.retune(run.cfg.optim.optimizer)
     write_config(run.run_dir, run.cfg)
 
 

@@ -103,7 +103,7 @@ def _nearest(cause) -> str:
 
 
 def cli() -> None:
-    from hydra.errors import ConfigCompositionException
+    from hydra.errors import ConfigCompositionException, OverrideParseException
 
     from core.errors import InputError
 
@@ -116,6 +116,8 @@ def cli() -> None:
         cause = e.__cause__
         hint = _nearest(cause) if cause is not None else ""
         sys.exit("\n".join(x for x in (str(e), str(cause) if cause else "", hint) if x))
+    except OverrideParseException as e:  # an override Hydra cannot parse
+        sys.exit(str(e))
     except InputError as e:
         sys.exit(f"{type(e).__name__}: {e}")
 

@@ -18,7 +18,7 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num
 def tiny_model(arch: str = "qwen2", seed: int = 0):
     from core.models.loading import load_causal_lm, load_tokenizer, model_dir
 
-    cfg = schema.node(schema.ModelConfig, {"name_or_path": None, "arch": arch, "tiny": TINY, "init_seed": seed, "dtype": "float32"})
+    cfg = schema.node(schema.ModelConfig, name_or_path=None, arch=arch, tiny=TINY, init_seed=seed, dtype="float32")
     path = model_dir(cfg)
     return load_causal_lm(path, cfg), load_tokenizer(path)
 

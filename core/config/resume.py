@@ -10,6 +10,7 @@ the resume has loaded its checkpoint.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -18,9 +19,14 @@ from omegaconf import OmegaConf
 
 from core.training.checkpoint import ResumeError
 
+log = logging.getLogger(__name__)
+
 # Keys a resume may change: how long it runs and how it reports, where it runs and reads its data.
-RESUMABLE = ("resume", "train.total_steps", "train.eval_every", "train.checkpoint_every", "logger.", "device",
-             "cpu_threads", "paths.")
+RESUMABLE = ("resume", "resume_allow_changes", "train.total_steps", "train.eval_every", "train.checkpoint_every",
+             "logger.", "device", "cpu_threads", "paths.")
+# What ``resume_allow_changes=true`` adds: the optimiser and its schedule (applied to the restored optimiser
+# by core/training/engine.py ``retune``, not ignored).
+OPTIMISATION = ("optim.",)
 
 
 def write_config(run_dir: Path, cfg) -> None:
@@ -35,23 +41,30 @@ def write_config(run_dir: Path, cfg) -> None:
 
 def check_resume_config(run_dir: Path, cfg) -> None:
     """Raise :class:`ResumeError` listing each key whose value differs from ``run_dir/config.yaml`` outside
-    :data:`RESUMABLE` (or the missing file)."""
+    :data:`RESUMABLE` (and :data:`OPTIMISATION` when ``cfg.resume_allow_changes``), or the missing file.
+    Allowed optimisation changes are logged, each with its old and new value."""
     saved_path = Path(run_dir) / "config.yaml"
     if not saved_path.exists():
         raise ResumeError(f"resume: {saved_path} is missing, so the checkpoint's config cannot be checked")
     saved = _flat(yaml.safe_load(saved_path.read_text()))
     new = _flat(OmegaConf.to_container(cfg, resolve=True))
-    changed = [k for k in sorted(saved.keys() | new.keys())
-               if saved.get(k, "<absent>") != new.get(k, "<absent>") and not _resumable(k)]
+    allowed = RESUMABLE + (OPTIMISATION if cfg.resume_allow_changes else ())
+    differ = [k for k in sorted(saved.keys() | new.keys()) if saved.get(k, "<absent>") != new.get(k, "<absent>")]
+    changed = [k for k in differ if not _matches(k, allowed)]
+    for k in differ:
+        if _matches(k, OPTIMISATION) and k not in changed:
+            log.warning("resume changes %s: %r -> %r (resume_allow_changes=true)", k, saved.get(k), new.get(k))
     if changed:
         lines = [f"{k}: {saved.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in changed]
         raise ResumeError(f"resume: the config differs from the one {run_dir} was started with, outside what a "
-                          f"resume may change ({', '.join(RESUMABLE)}):\n    " + "\n    ".join(lines) +
-                          "\n  start a new run (from the checkpoint's model if you like) to change these")
+                          f"resume may change ({', '.join(allowed)}):\n    " + "\n    ".join(lines) +
+                          "\n  start a new run (from the checkpoint's model if you like) to change these" +
+                          ("; resume_allow_changes=true lets a resume change optim.*"
+                           if not cfg.resume_allow_changes and any(_matches(k, OPTIMISATION) for k in changed) else ""))
 
 
-def _resumable(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE)
+def _matches(key: str, allowed: tuple[str, ...]) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in allowed)
 
 
 def _flat(node, prefix: str = "") -> dict:

@@ -93,6 +93,7 @@ class Config:
     cpu_threads: int = ck(0, NONNEG)
     recipe_name: str = "?"
     resume: Any = ck(False, BOOL_OR_AUTO)
+    resume_allow_changes: bool = False
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = None
     data: Any = None
@@ -400,11 +401,23 @@ class RMTrainConfig:
 
 
 @dataclass
+class WandbConfig:
+    enabled: bool = False
+    project: str = "rl-recipes"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    name: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    mode: str = ck("offline", one_of("online", "offline", "disabled"))
+
+
+@dataclass
 class LoggerConfig:
     tensorboard: bool = True
     progress: bool = True
     samples_every: int = ck(10, NONNEG)  # 0: no sample completions logged
     samples: int = ck(4, NONNEG)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""Per-step metrics: phase timers, peak memory, ``metrics.jsonl`` and TensorBoard."""
+"""Per-step metrics: phase timers, peak memory, ``metrics.jsonl``, TensorBoard and Weights & Biases."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -49,11 +50,13 @@ class MetricsWriter:
     ``sample_rows`` count the lines written, which a checkpoint keeps: a resumed run cuts the files back to them
     (:meth:`rewind`), so every record holds each step once however the run was killed."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True, wandb=None,
+                 config: dict | None = None):
         self.enabled = enabled
         self.path, self.samples_path = Path(run_dir) / "metrics.jsonl", Path(run_dir) / "samples.jsonl"
         self.tb_dir = Path(run_dir) / "tb"
         self.tb = self._open_tb() if enabled and tensorboard else None
+        self.wandb = WandbMirror(Path(run_dir), wandb, config or {}) if enabled and wandb and wandb.enabled else None
         self.rows, self.sample_rows = len(_lines(self.path)), len(_lines(self.samples_path))
 
     def _open_tb(self):
@@ -83,11 +86,15 @@ class MetricsWriter:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
                     self.tb.add_scalar(k, v, row["step"])
+        if self.wandb is not None:
+            self.wandb.log(row)
 
     def _mirror_samples(self, step: int, rows: list[dict]) -> None:
         if self.tb is not None:
             text = "\n\n".join("\n".join(f"**{k}**: `{v}`" for k, v in r.items() if k != "step") for r in rows)
             self.tb.add_text("samples", text, step)
+        if self.wandb is not None:
+            self.wandb.samples(step, rows)
 
     def rewind(self, rows: int, sample_rows: int = 0) -> None:
         """Keep the first ``rows`` metrics and ``sample_rows`` sample records (what a checkpoint saw), each file
@@ -113,6 +120,42 @@ class MetricsWriter:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+class WandbMirror:
+    """The metrics and samples, mirrored to a Weights & Biases run (``logger.wandb``; the ``wandb`` extra).
+
+    The run's id is derived from the run dir, so a resumed run continues its W&B run (``resume="allow"``).
+    Each row goes to W&B's own step (``step=``). W&B cannot cut a run back: after a resume it ignores the
+    steps the killed attempt had already sent (its steps must not decrease), so it holds each step once, and
+    since a resume repeats those steps bit for bit, the values it keeps are the same. ``mode: offline``
+    writes under ``<run_dir>/wandb`` with no network (``wandb sync`` uploads later).
+    """
+
+    def __init__(self, run_dir: Path, cfg, config: dict):
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError("logger.wandb.enabled=true needs wandb: pip install -e '.[wandb]'") from e
+        self._wandb = wandb
+        run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
+        self.run = wandb.init(project=cfg.project, entity=cfg.entity, group=cfg.group, tags=list(cfg.tags),
+                              name=cfg.name or f"{run_dir.parent.name}/{run_dir.name}", id=run_id, resume="allow",
+                              dir=str(run_dir), mode=cfg.mode, config=_plain_config(config))
+
+    def log(self, row: dict) -> None:
+        scalars = {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+        self.run.log(scalars, step=int(row["step"]))
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        columns = sorted({k for r in rows for k in r})
+        table = self._wandb.Table(columns=columns, data=[[str(r.get(c, "")) for c in columns] for r in rows])
+        self.run.log({"samples": table}, step=int(step))
+
+    def finish(self) -> None:
+        self.run.finish()
 
 
 def _lines(path: Path) -> list[str]:
@@ -132,6 +175,14 @@ def _truncate(path: Path, n: int) -> list[str]:
         tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         os.replace(tmp, path)
     return lines
+
+
+def _plain_config(cfg) -> dict:
+    """The run config as plain JSON types (a DictConfig or the frozen config)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
+    return json.loads(json.dumps(node, default=str))
 
 
 def _plain(v):

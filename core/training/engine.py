@@ -67,6 +67,27 @@ def optimizer_kwargs(node) -> dict:
     return {k: v for k, v in plain.items() if v is not None}
 
 
+def retune(optimizer, scheduler, optimizer_cfg) -> None:
+    """Put ``optim.optimizer``'s values into a restored optimiser (``resume_allow_changes``): the checkpoint's
+    state holds the old learning rate (param groups, the schedule's ``base_lrs``) and would silently win. The
+    new rate is applied at the schedule's current step; betas, eps and weight decay replace the old ones.
+    The schedule's shape is the config's already (its lambdas are rebuilt, not restored)."""
+    lr = float(optimizer_cfg.lr)
+    other = {k: tuple(v) if isinstance(v, list) else v for k, v in optimizer_kwargs(optimizer_cfg).items()
+             if not k.startswith("_") and k not in ("lr", "fused")}
+    for group in optimizer.param_groups:
+        group["initial_lr"] = lr
+        group.update({k: v for k, v in other.items() if k in group})
+    if scheduler is None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return
+    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
+    for group, fn in zip(optimizer.param_groups, scheduler.lr_lambdas):  # HF schedules are LambdaLR
+        group["lr"] = lr * fn(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 class _Call(torch.nn.Module):
     """The module DDP and DeepSpeed wrap: its forward runs any ``fn(inner, ...)``, so every training forward
     (a causal-LM log-prob pass, a reward head on the backbone) goes through the wrapper's forward."""
@@ -176,6 +197,9 @@ class TorchEngine:
             self.master.load_state_dict(state["master"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+    def retune(self, optimizer_cfg) -> None:
+        retune(self.optimizer, self.scheduler, optimizer_cfg)
 
     def save_pretrained(self, out_dir, tokenizer=None) -> None:
         if distributed.is_main():
@@ -324,6 +348,9 @@ class DeepSpeedEngine:
 
     def load_state(self, out_dir) -> None:
         self.engine.load_checkpoint(str(out_dir), tag="engine")
+
+    def retune(self, optimizer_cfg) -> None:
+        retune(self.optimizer, self.scheduler, optimizer_cfg)
 
     def save_pretrained(self, out_dir, tokenizer=None) -> None:
         """Gather (ZeRO-3) and save a plain Hugging Face folder from rank 0."""

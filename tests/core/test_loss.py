@@ -17,7 +17,8 @@ from core.config import schema
 LOSS = schema.node(schema.LossConfig, {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "dual_clip": None,
                          "entropy_coef": 0.0, "aggregation": "token_mean",
                          "is_correction": {"mode": "none", "low": None, "high": 3.0}})
-KL = schema.node(schema.KLConfig, {"estimator": "k3", "coef": 0.1, "placement": "loss", "clamp": None, "log_ratio_clamp": None})
+KL = schema.node(schema.KLConfig, {"estimator": "k3", "coef": 0.1, "placement": "loss", "clamp": None,
+                                   "log_ratio_clamp": None})
 
 
 def _inp(ratio, adv, mask=None, **kw):

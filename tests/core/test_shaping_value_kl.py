@@ -40,7 +40,7 @@ def test_kl_controllers():
     assert KL_CONTROLLERS.names() == ["adaptive", "fixed"]
     fixed = KLController(schema.node(schema.KLConfig, {"coef": 0.1, "controller": "fixed"}))
     assert fixed.update(5.0, 100) == 0.1
-    ada = KLController(schema.node(schema.KLConfig, {"coef": 0.1, "controller": "adaptive", "target": 1.0, "horizon": 1000}))
+    ada = KLController(schema.node(schema.KLConfig, coef=0.1, controller="adaptive", target=1.0, horizon=1000))
     # KL 3x target -> error clipped to +0.2; beta * (1 + 0.2 * 100 / 1000)
     assert ada.update(3.0, 100) == pytest.approx(0.1 * 1.02)
     assert ada.update(0.95, 100) == pytest.approx(0.1 * 1.02 * (1 - 0.05 * 0.1))

@@ -90,8 +90,7 @@ def test_lora_rm_merges_and_loads_as_a_plain_sequence_classifier(tiny_llama_dir,
                 p.normal_(std=0.5)  # a non-trivial adapter, so merging changes the weights
     batch = RM.pair_batch(PAIRS, 0, "right")
     before = RM.sequence_rewards(model, batch).detach()
-    optim = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},
-                              "scheduler": {"name": "constant"}})
+    optim = schema.node(schema.OptimConfig, {"optimizer": {"lr": 1e-3}, "scheduler": {"name": "constant"}})
     engine = TorchEngine(model, optim, total_steps=1, grad_accum=1, device=torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
     RM.save_reward_model(engine, tok, tmp_path, {"mean": 0.25, "std": 2.0})

@@ -1,0 +1,51 @@
+"""``resume_allow_changes``: a resume may change the optimiser, and the new values reach the restored
+optimiser (the checkpoint's learning rate does not silently win); without the flag the change is refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from core.config import schema
+from core.config.resume import check_resume_config
+from core.training.checkpoint import ResumeError
+from core.training.engine import build_train_engine
+
+
+def _engine(lr: float, warmup: int = 4):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, bias=False)
+    optim = schema.node(schema.OptimConfig, {"optimizer": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                           "weight_decay": 0.0},
+                                             "scheduler": {"name": "linear", "warmup_steps": warmup}})
+    return build_train_engine(model, optim, schema.node(schema.ZeroConfig), 10, 1, 1, torch.device("cpu")), optim
+
+
+def test_retune_puts_the_new_learning_rate_at_the_schedule_step(tmp_path):
+    old, _ = _engine(1e-3)
+    for _ in range(6):  # past the 4 warmup steps: linear decay over 10
+        old.optimizer.step()
+        old.scheduler.step()
+    old.save_state(tmp_path)
+    new, cfg = _engine(5e-4)
+    new.load_state(tmp_path)
+    assert new.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 4 / 6)  # the checkpoint's, restored
+    new.retune(schema.node(schema.OptimizerConfig, lr=5e-4, betas=[0.8, 0.99], weight_decay=0.1))
+    group = new.optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(5e-4 * 4 / 6) and new.scheduler.get_last_lr() == [group["lr"]]
+    assert group["betas"] == (0.8, 0.99) and group["weight_decay"] == 0.1
+    new.optimizer.step()
+    new.scheduler.step()
+    assert new.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4 * 3 / 6)  # the schedule goes on from there
+
+
+def test_an_optimiser_change_is_refused_unless_allowed(compose_cfg, tmp_path):
+    saved = compose_cfg("recipe_name=x", "optim.optimizer.lr=1e-4")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(schema.OmegaConf.to_container(saved)))
+    changed = compose_cfg("recipe_name=x", "optim.optimizer.lr=1e-3")
+    with pytest.raises(ResumeError, match=r"optim.optimizer.lr: 0.0001 -> 0.001[\s\S]*resume_allow_changes=true"):
+        check_resume_config(tmp_path, changed)
+    check_resume_config(tmp_path, compose_cfg("recipe_name=x", "optim.optimizer.lr=1e-3", "resume_allow_changes=true"))
+    with pytest.raises(ResumeError, match="model.tiny.hidden_size: 128 -> 64"):  # never a model change
+        check_resume_config(tmp_path, compose_cfg("recipe_name=x", "optim.optimizer.lr=1e-4",
+                                                  "resume_allow_changes=true", "model.tiny.hidden_size=64"))
