@@ -21,8 +21,13 @@ import yaml
 from core.paths import DEFAULT_RESULTS_DIR
 from core.reporting.results import markdown_table, read_rows
 
-# Config keys that never make two runs different experiments.
-IGNORED = ("seed", "resume", "device", "cpu_threads", "paths.", "logger.", "hydra.", "recipe_name")
+# Config keys that never make two runs different experiments (the scale's own settings count through its name:
+# ``scale.name`` is kept, and what the scale changes shows in the keys it changed).
+IGNORED = ("seed", "resume", "resume_allow_changes", "device", "cpu_threads", "paths.", "logger.", "hydra.",
+           "recipe_name", "scale.prompts_per_step", "scale.max_group_size", "scale.total_steps",
+           "scale.max_new_tokens", "scale.model.")
+# Differing keys named in a curve's legend; the rest are counted (the table lists them all).
+LEGEND_KEYS = 3
 # Results averaged over seeds, in this order (others that are numbers follow).
 RESULTS = ["eval_before", "eval_after", "steps", "train_seconds"]
 # Training curves: (title, metrics.jsonl keys drawn in it).
@@ -88,8 +93,31 @@ def table(groups: list[dict]) -> tuple[list[str], list[dict]]:
     return ["recipe", *keys, "n", "seeds", *results], out
 
 
-def _label(g: dict) -> str:
-    return g["recipe"] + "".join(f" {k}={v}" for k, v in g["config"].items())
+def legend_keys(groups: list[dict]) -> list[str]:
+    """Up to :data:`LEGEND_KEYS` differing keys that tell the groups apart: chosen greedily, each the key that
+    separates the most pairs of groups not yet told apart (ties: fewer dots, then name)."""
+    keys = sorted({k for g in groups for k in g["config"]}, key=lambda k: (k.count("."), k))
+    apart: set[tuple[int, int]] = set()
+    pairs = {(i, j) for i in range(len(groups)) for j in range(i + 1, len(groups))
+             if groups[i]["recipe"] == groups[j]["recipe"]}
+
+    def splits(k):
+        return {(i, j) for i, j in pairs - apart if groups[i]["config"].get(k) != groups[j]["config"].get(k)}
+
+    chosen = []
+    while keys and len(chosen) < LEGEND_KEYS and pairs - apart:
+        best = max(keys, key=lambda k: len(splits(k)))
+        if not splits(best):
+            break
+        apart |= splits(best)
+        chosen.append(best)
+        keys.remove(best)
+    return chosen
+
+
+def _label(g: dict, keys: list[str]) -> str:
+    """The recipe and the values of ``keys`` (:func:`legend_keys`); the table lists every differing key."""
+    return " ".join([g["recipe"], *(f"{k}={g['config'][k]}" for k in keys if k in g["config"])])
 
 
 def plot(groups: list[dict], out: Path) -> Path:
@@ -100,6 +128,10 @@ def plot(groups: list[dict], out: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    from matplotlib.lines import Line2D
+
+    styles = ["-", "--", ":", "-."]
+    shown = legend_keys(groups)
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5), constrained_layout=True)
     for ax, (title, keys) in zip(axes.flat, CURVES):
         for i, g in enumerate(groups):
@@ -107,19 +139,18 @@ def plot(groups: list[dict], out: Path) -> Path:
             for j, key in enumerate(keys):
                 steps, mean = _mean_curve([c.get(key, {}) for c in curves])
                 if steps:
-                    style = ["-", "--", ":", "-."][j % 4]
-                    ax.plot(steps, mean, style, color=f"C{i}", lw=1.6,
-                            label=_label(g) + (f" {key.split('/')[-1]}" if len(keys) > 1 else ""))
+                    ax.plot(steps, mean, styles[j % 4], color=f"C{i % 10}", lw=1.6)
+        if len(keys) > 1:  # one line style per metric in the panel, named in its own small legend
+            ax.legend([Line2D([], [], color="0.3", ls=styles[j % 4]) for j in range(len(keys))],
+                      [k.split("/")[-1] for k in keys], fontsize=8, loc="best")
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.grid(alpha=0.3)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    phase_handles, phase_labels = axes.flat[-1].get_legend_handles_labels()
-    axes.flat[0].legend(handles, labels, fontsize=8, loc="best")
-    if len(phase_labels) > len(labels):
-        axes.flat[-1].legend(phase_handles, phase_labels, fontsize=7, loc="best")
+    fig.legend([Line2D([], [], color=f"C{i % 10}", lw=2) for i in range(len(groups))],
+               [f"{_label(g, shown)}  [n={len(g['runs'])}]" for g in groups], loc="outside lower center",
+               ncols=1 if len(groups) > 4 else 2, fontsize=9)
     n = sum(len(g["runs"]) for g in groups)
     fig.suptitle(f"{n} run{'s' * (n > 1)} in {len(groups)} group{'s' * (len(groups) > 1)} (mean over seeds)")
     out = Path(out)

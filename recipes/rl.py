@@ -118,7 +118,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     with model_init(cfg.zero, dtype):  # ZeRO-3: every weight partitioned as it loads
         policy = load_causal_lm(path, cfg.model)
         ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
-        critic = load_critic(path, cfg.advantage.critic, cfg.model) if cfg.advantage.get("critic") else None
+        critic = load_critic(path, cfg.advantage.critic, cfg.model) if "critic" in cfg.advantage else None
     engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)
     if critic is not None:
         critic = _train_engine(critic, cfg, _critic_optim(cfg), total_updates, plan, device)

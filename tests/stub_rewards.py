@@ -7,3 +7,8 @@ def gold_parity(completions: list[str], answer: list[str], **_) -> list[float]:
     """1.0 where the gold answer is even, else 0.0, whatever the completion: a batch of prompts with both
     parities has rewards that differ by construction, on any machine."""
     return [float(int(a) % 2 == 0) for a in answer]
+
+
+def exact(completions: list[str], answer: list[str]) -> list[float]:
+    """1.0 where the completion is the answer: a reward with no keyword arguments beyond its columns."""
+    return [float(c.strip() == str(a)) for c, a in zip(completions, answer)]

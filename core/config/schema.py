@@ -134,7 +134,7 @@ class PromptDataConfig:
     eval_split: str = "test"
     prompt_key: str = "prompt"
     answer_key: str = "answer"
-    template: str = "{prompt}"
+    template: str = ck("{prompt}", lambda v: None if "{prompt}" in v else "a format string holding {prompt}")
     chat_template: bool = False
     max_prompt_chars: Optional[int] = ck(None, OPT_POS)
     generator: Optional[Dict[str, Any]] = None
@@ -176,7 +176,7 @@ class PairDataConfig:
 @dataclass
 class VllmConfig:
     dtype: str = ck("bfloat16", one_of("bfloat16", "float16", "float32", "auto"))
-    gpu_memory_utilization: float = ck(0.3, between(0, 1))
+    gpu_memory_utilization: float = ck(0.3, lambda v: None if 0 < v <= 1 else "a fraction in (0, 1]")
     tensor_parallel_size: int = ck(1, POS)
     max_model_len: Optional[int] = ck(None, OPT_POS)
     seed: int = ck(0, NONNEG)
@@ -294,7 +294,7 @@ class OptimizerConfig:
 
 @dataclass
 class SchedulerConfig:
-    name: str = "constant"  # a transformers.get_scheduler name (checked there: SchedulerType)
+    name: str = ck("constant", registered("core.training.engine", "scheduler_names"))
     warmup_ratio: float = ck(0.0, between(0, 1))
     warmup_steps: int = ck(0, NONNEG)
     kwargs: Dict[str, Any] = field(default_factory=dict)
@@ -345,7 +345,7 @@ class WarmStartConfig:
     batch_size: int = ck(32, POS)
     lr: float = ck(1e-3, above(0))
     seed: int = ck(0, NONNEG)
-    target: str = "\\boxed{{{answer}}}"
+    target: str = ck("\\boxed{{{answer}}}", lambda v: None if "{answer}" in v else "a format string holding {answer}")
 
 
 @dataclass

@@ -41,6 +41,12 @@ def final_config(cfg):
         if problem:
             errors.append(problem)
     errors += _optimizer_problems(cfg.optim.optimizer)
+    if cfg.model.attn_implementation.startswith("flash_attention") and importlib.util.find_spec("flash_attn") is None:
+        errors.append(f"model.attn_implementation={cfg.model.attn_implementation}: flash-attn is not installed here "
+                      f"(pip install -e '.[gpu]' on a CUDA machine), or use model.attn_implementation=sdpa")
+    for key, value in (cfg.model.tiny or {}).items():
+        if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
+            errors.append(f"model.tiny.{key}={value}: expected a positive size")
     problem = _unwritable(Path(str(cfg.paths.results_dir)))
     if problem:
         errors.append(f"paths.results_dir={cfg.paths.results_dir}: {problem}; the results table and run dirs "
@@ -87,7 +93,7 @@ def _check_names(cfg, errors: list[str]) -> None:
 
 def _check_critic(cfg, errors: list[str]) -> None:
     needs = ADVANTAGES.meta(cfg.advantage.name).get("needs_values", False)
-    has = bool(cfg.advantage.get("critic"))
+    has = "critic" in cfg.advantage  # only the estimators with a value model have the node
     if needs and not has:
         errors.append(f"advantage.name={cfg.advantage.name} needs a value model but advantage.critic is not set "
                       f"(use the config option advantage={cfg.advantage.name}, which defines it)")
@@ -123,9 +129,16 @@ def _check_verifier(cfg, errors: list[str]) -> None:
     from verifiers import get_verifier
 
     try:
-        get_verifier(cfg.verifier.name)
+        fn = get_verifier(cfg.verifier.name)
     except (KeyError, ImportError, AttributeError, ValueError) as e:
         errors.append(f"verifier.name={cfg.verifier.name!r}: {e.args[0] if e.args else e}")
+        return
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        for key in cfg.verifier.kwargs:
+            if key not in params:
+                errors.append(f"verifier.kwargs.{key}: verifier {cfg.verifier.name} takes no {key!r} "
+                              f"(it takes {', '.join(params)})")
 
 
 def _check_placement(cfg, errors: list[str]) -> None:

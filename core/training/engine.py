@@ -41,6 +41,13 @@ from hydra.utils import instantiate
 from core.training import distributed
 
 
+def scheduler_names() -> list[str]:
+    """The names ``transformers.get_scheduler`` knows (``optim.scheduler.name``)."""
+    from transformers import SchedulerType
+
+    return sorted(s.value for s in SchedulerType)
+
+
 def build_scheduler(optimizer, sched_cfg, total_steps: int):
     """``transformers.get_scheduler`` with warmup given as a ratio of ``total_steps`` or in steps."""
     from transformers import get_scheduler
