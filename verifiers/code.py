@@ -14,18 +14,27 @@
   ``check(entry_point)``.
 Options (keyword columns): ``timeout`` per process (s), ``batch_size`` (tests per process; stop at the first
 failing batch, as Open-R1's ``code_eval_test_batch_size``), ``workers`` (parallel sandboxes).
+
+Pass signal: every run goes through ``verifiers/_harness.py`` (``run_signed``), and counts as passed only if it exits
+0 *and* prints a per-run random token as its last stdout line, which the harness does only after the last test (or,
+for stdin/stdout cases, the program) has run without raising. An exit status alone could be forged with
+``os._exit(0)`` before the asserts; the harness docstring gives the design and what it does not cover.
 """
 from __future__ import annotations
 
 import json
 import re
+import secrets
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Sequence
 
 from verifiers import register_verifier
 from verifiers._common import column, texts
 from verifiers.pool import default_workers
-from verifiers.sandbox import run_python
+from verifiers.sandbox import RunResult, run_python
+
+HARNESS = Path(__file__).with_name("_harness.py").read_text(encoding="utf-8")
 
 
 def extract_code(completion: str, language: str = "python") -> str:
@@ -45,6 +54,15 @@ def _batches(items: Sequence, batch_size: int) -> list[list]:
     return [list(items[i:i + batch_size]) for i in range(0, len(items), batch_size)]
 
 
+def run_signed(program: str, tests: str | None = None, stdin: str = "", timeout: float = 10.0) -> RunResult:
+    """``program`` as ``__main__``, then ``tests`` (if given) in its namespace, under the pass-signal harness: the
+    result is ``ok`` only if the run exits 0 and ends its stdout with this run's ``secrets.token_hex(16)`` (which
+    ``run_python`` strips from ``stdout``). Without ``tests``, ``sys.exit(0)`` counts as finishing the program."""
+    files = {"program.py": program} if tests is None else {"program.py": program, "tests.py": tests}
+    return run_python(HARNESS, stdin=stdin, timeout=timeout, files=files, token=secrets.token_hex(16),
+                      args=("program",) if tests is None else ("tests",))
+
+
 def run_asserts(program: str, setup: str, asserts: Sequence[str], timeout: float = 10.0, batch_size: int = -1,
                 fraction: bool = False) -> float:
     """Run ``program``, ``setup``, then asserts in batches (one process each); stop at the first failing batch.
@@ -55,7 +73,7 @@ def run_asserts(program: str, setup: str, asserts: Sequence[str], timeout: float
         raise ValueError("no tests to run")
     passed = 0
     for batch in _batches(asserts, 1 if fraction and batch_size == -1 else batch_size):
-        res = run_python(program + "\n" + setup + "\n" + "\n".join(batch) + "\n", timeout=timeout)
+        res = run_signed(program, setup + "\n" + "\n".join(batch) + "\n", timeout=timeout)
         if not res.ok:
             break
         passed += len(batch)
@@ -66,7 +84,7 @@ def run_io_cases(program: str, cases: Sequence[dict], timeout: float = 5.0, batc
     """Fraction of stdin/stdout cases passed; with ``batch_size`` > 0 stop after the first batch with a failure."""
     passed = 0
     for batch in _batches(cases, batch_size):
-        ok = [run_python(program, stdin=str(c["input"]), timeout=timeout) for c in batch]
+        ok = [run_signed(program, stdin=str(c["input"]), timeout=timeout) for c in batch]
         good = [r.ok and io_case_passed(r.stdout, c["output"]) for r, c in zip(ok, batch)]
         passed += sum(good)
         if not all(good):

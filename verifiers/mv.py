@@ -73,8 +73,10 @@ def parse_gold_cached(gold: str, config=GOLD_CONFIG, extraction_mode: str = "fir
 
 # Fast paths: plain integer / decimal literals only, no sign other than "-", no leading zeros, at most 15
 # digits each side, so the answer is exact and identical to math-verify's (tests/verifiers check agreement).
-_INT = re.compile(r"-?(?:0|[1-9]\d{0,14})")
-_DEC = re.compile(r"-?(?:0|[1-9]\d{0,14})\.\d{1,15}")
+# ASCII digits only: Python's \d, int() and float() also accept Unicode digits ("1３", "١٣", "𝟏𝟑" are 13 to
+# them), which math-verify keeps as unparsed strings, so such answers must fall through to math-verify.
+_INT = re.compile(r"-?(?:0|[1-9][0-9]{0,14})")
+_DEC = re.compile(r"-?(?:0|[1-9][0-9]{0,14})\.[0-9]{1,15}")
 
 
 def numeric_fast_path(pred: str, gold: str) -> float | None:
@@ -101,8 +103,8 @@ def numeric_fast_path(pred: str, gold: str) -> float | None:
 # the ``evalf(chop=True, n=15)`` branch cannot chop a non-zero difference of at least 1e-12, and ``simplify(a - b)``
 # is zero only for equal values. Fraction parts have at most 6 digits so distinct fractions differ by >= 1e-12, and
 # sqrt(n) (n < 1e6) is compared only with integers or another sqrt (distinct values differ by >= 5e-4).
-_FRAC = re.compile(r"(-?)\\[dt]?frac\{(-?(?:0|[1-9]\d{0,5}))\}\{([1-9]\d{0,5})\}")
-_SQRT = re.compile(r"\\sqrt\{(0|[1-9]\d{0,5})\}")
+_FRAC = re.compile(r"(-?)\\[dt]?frac\{(-?(?:0|[1-9][0-9]{0,5}))\}\{([1-9][0-9]{0,5})\}")
+_SQRT = re.compile(r"\\sqrt\{(0|[1-9][0-9]{0,5})\}")
 
 
 def exact_value(s: str) -> tuple[str, Fraction] | None:
@@ -179,8 +181,10 @@ def provably_unequal(gold: Sequence, answer: Sequence) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 # Provable inequality of closed-form real numbers, decided in the caller without math-verify.
 # ---------------------------------------------------------------------------------------------------------------
+# re.ASCII: "\s" and "\d" then match ASCII only (a Unicode digit or space would otherwise reach float()).
 _TOKEN = re.compile(
-    r"\s*(?:(\d{1,30}(?:\.\d{1,30})?)|\\(dfrac|tfrac|frac|sqrt|pi|cdot|times)(?![A-Za-z])|([-+(){}\[\]^]))"
+    r"\s*(?:(\d{1,30}(?:\.\d{1,30})?)|\\(dfrac|tfrac|frac|sqrt|pi|cdot|times)(?![A-Za-z])|([-+(){}\[\]^]))",
+    re.ASCII,
 )
 _MAX_ABS = 1e100  # larger intermediate values: decline (float range and precision stay far from their limits)
 

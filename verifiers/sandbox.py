@@ -14,6 +14,8 @@ Isolation, strongest that works here, detected once (``isolation()`` says which 
 * ``unshare`` -- the same namespaces, running as the caller (no privilege drop).
 * ``guard`` -- no namespaces available: an in-process prelude replaces socket connect / DNS with errors. That is a
   speed bump, not a wall (ctypes can bypass it); documented in docs/verifiers.md.
+
+``run_python(..., token=...)`` also carries the code verifiers' pass signal (design in ``verifiers/_harness.py``).
 """
 from __future__ import annotations
 
@@ -49,7 +51,9 @@ del _s
 
 @dataclass
 class RunResult:
-    status: str  # "ok" (exit 0), "error" (non-zero exit), "timeout" (killed at the wall clock)
+    # "ok" (exit 0, and the pass token when one was given), "unsigned" (exit 0 without the token: an early exit),
+    # "error" (non-zero exit), "timeout" (killed at the wall clock)
+    status: str
     returncode: int | None
     stdout: str
     stderr: str
@@ -135,54 +139,86 @@ def _limits(cpu_s: int, mem_bytes: int, fsize_bytes: int, nproc: int) -> list[st
             "--core=0", "--"]
 
 
-def _read(path: str, limit: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
+def _read_output(f, limit: int, suffix: bytes | None) -> tuple[str, bool]:
+    """The first ``limit`` bytes of the open file ``f``, and whether it ends with ``suffix`` (then cut off)."""
+    size = f.seek(0, os.SEEK_END)
+    signed = False
+    if suffix is not None and size >= len(suffix):
+        f.seek(size - len(suffix))
+        signed = f.read(len(suffix)) == suffix
+        size -= len(suffix) if signed else 0
+    f.seek(0)
+    return f.read(min(size, limit)).decode("utf-8", errors="replace"), signed
 
 
 def run_python(code: str, stdin: str = "", timeout: float = 10.0, mem_mb: int = 1024, fsize_mb: int = 16,
-               nproc: int = 512, output_limit: int = 1 << 20) -> RunResult:
-    """Run ``code`` with ``stdin``; returns after at most ``timeout`` s (+ kill/cleanup time)."""
+               nproc: int = 512, output_limit: int = 1 << 20, files: dict[str, str] | None = None,
+               args: tuple[str, ...] = (), token: str | None = None) -> RunResult:
+    """Run ``code`` as ``main.py args...`` with ``stdin`` and ``files`` (name -> text) beside it; returns after at most
+    ``timeout`` s (+ kill/cleanup time).
+
+    ``token`` (the pass signal of ``verifiers/_harness.py``, whose docstring gives the design): written whole into a
+    pipe that the child inherits as fd ``$RLR_TOKEN_FD`` (never argv, environment or a file); the run is "ok" only if
+    it exits 0 and its stdout ends with ``"\\n" + token + "\\n"``, which is removed from the returned stdout.
+    """
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
     iso = isolation()
     tmp = tempfile.mkdtemp(prefix="rlr-sbx-")
+    token_fd = None
     try:
         if iso["level"] == "unshare+nobody":
             os.chown(tmp, NOBODY, NOBODY)
-        prog = os.path.join(tmp, "main.py")
-        with open(prog, "w", encoding="utf-8", errors="surrogatepass") as f:
-            f.write((_GUARD if iso["level"] == "guard" else "") + code)
+        for name, text in {"main.py": (_GUARD if iso["level"] == "guard" else "") + code, **(files or {})}.items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8", errors="surrogatepass") as f:
+                f.write(text)
         with open(os.path.join(tmp, "stdin.txt"), "w", encoding="utf-8", errors="replace") as f:
             f.write(stdin)
-        cmd = _limits(int(timeout) + 1, mem_mb << 20, fsize_mb << 20, nproc) + iso["prefix"] + [iso["python"], "-I", "main.py"]
+        cmd = (_limits(int(timeout) + 1, mem_mb << 20, fsize_mb << 20, nproc) + iso["prefix"]
+               + [iso["python"], "-I", "main.py", *args])
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                "RLR_SBX_DIR": tmp}
-        return _execute(cmd, tmp, env, timeout, output_limit)
+        if token is not None:
+            token_fd, w = os.pipe()
+            try:
+                os.write(w, token.encode())  # 32 bytes: far below the pipe buffer, so this never blocks
+            finally:
+                os.close(w)  # the child reads the token and then EOF: nothing more can be read from this pipe
+            env["RLR_TOKEN_FD"] = str(token_fd)
+        return _execute(cmd, tmp, env, timeout, output_limit, token, () if token_fd is None else (token_fd,))
     finally:
+        if token_fd is not None:
+            os.close(token_fd)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _execute(cmd: list[str], tmp: str, env: dict, timeout: float, output_limit: int) -> RunResult:
-    out_p, err_p = os.path.join(tmp, "stdout.txt"), os.path.join(tmp, "stderr.txt")
+def _execute(cmd: list[str], tmp: str, env: dict, timeout: float, output_limit: int, token: str | None,
+             pass_fds: tuple[int, ...]) -> RunResult:
     t0 = time.monotonic()
-    with open(os.path.join(tmp, "stdin.txt"), "rb") as fin, open(out_p, "wb") as fout, open(err_p, "wb") as ferr:
+    # stdout/stderr are read back through the parent's own handles, not by path: the program may replace the files
+    # in its run dir, never the inodes its fds 1 and 2 point to.
+    with open(os.path.join(tmp, "stdin.txt"), "rb") as fin, open(os.path.join(tmp, "stdout.txt"), "w+b") as fout, \
+            open(os.path.join(tmp, "stderr.txt"), "w+b") as ferr:
         proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=fin, stdout=fout, stderr=ferr,
-                                start_new_session=True, close_fds=True)
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        _kill_group(proc)
-    wall = time.monotonic() - t0
+                                start_new_session=True, close_fds=True, pass_fds=pass_fds)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _kill_group(proc)
+        wall = time.monotonic() - t0
+        stdout, signed = _read_output(fout, output_limit, None if token is None else f"\n{token}\n".encode())
+        stderr, _ = _read_output(ferr, output_limit, None)
     rc = None if timed_out else proc.returncode
-    status = "timeout" if timed_out else ("ok" if rc == 0 else "error")
-    return RunResult(status, rc, _read(out_p, output_limit), _read(err_p, output_limit), wall)
+    if timed_out:
+        status = "timeout"
+    elif rc != 0:
+        status = "error"
+    else:
+        status = "ok" if token is None or signed else "unsigned"
+    return RunResult(status, rc, stdout, stderr, wall)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -212,3 +212,168 @@ def test_provably_distinct_latex_agrees_with_math_verify_on_math500(shared_data)
     pairs = [(rng.choice(accepted), rng.choice(accepted)) for _ in range(3000)]
     claimed, bad = _inequality_agrees(pairs)
     assert bad == [] and claimed >= 2500
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fast paths vs math-verify on Unicode digits and random strings (issue 17: "\boxed{1３}" scored 1.0 against 13
+# because Python's \d, int() and float() accept any Unicode decimal digit, while math-verify keeps the answer as an
+# unparsed string and says False).
+# ---------------------------------------------------------------------------------------------------------------
+# Zero of each Unicode decimal-digit block (category Nd: what \d, int() and float() accept), then digit-like
+# characters of other categories (superscripts, subscripts, circled: isdigit() is True, int() refuses them).
+_ND_ZEROS = {"fullwidth": 0xFF10, "arabic_indic": 0x0660, "ext_arabic_indic": 0x06F0, "devanagari": 0x0966,
+             "bengali": 0x09E6, "thai": 0x0E50, "nko": 0x07C0, "math_bold": 0x1D7CE, "math_double_struck": 0x1D7D8}
+_DIGIT_TABLES = {name: {str(d): chr(z + d) for d in range(10)} for name, z in _ND_ZEROS.items()}
+_DIGIT_TABLES |= {name: dict(zip("0123456789", chars)) for name, chars in
+                  (("superscript", "⁰¹²³⁴⁵⁶⁷⁸⁹"), ("subscript", "₀₁₂₃₄₅₆₇₈₉"), ("circled", "⓪①②③④⑤⑥⑦⑧⑨"))}
+# Look-alikes of the other characters of a number: Unicode minus, full-width hyphen/dot, Arabic decimal and
+# thousands separators, no-break / thin / ideographic / zero-width spaces, BOM, a vulgar fraction, a Roman numeral.
+_LOOKALIKES = "\u2212\uff0d\uff0e\u066b\u066c\u00a0\u2009\u3000\u200b\ufeff½Ⅻ"
+_ASCII_FORMS = ["13", "-7", "0", "100", "2.5", "-0.125", r"\frac{1}{2}", r"-\frac{3}{4}", r"\dfrac{6}{3}", r"\sqrt{4}",
+                r"\sqrt{17}", r"2\sqrt{2}", r"3\pi", r"2^{3}", r"1+2"]
+
+
+def _to_family(s: str, table: dict, which: str) -> str:
+    """``s`` with all, the first or the last of its ASCII digits respelled from ``table``."""
+    idx = [i for i, ch in enumerate(s) if ch in table]
+    pick = {"all": idx, "first": idx[:1], "last": idx[-1:]}[which]
+    return "".join(table[ch] if i in pick else ch for i, ch in enumerate(s))
+
+
+def _has_non_ascii_digit(s: str) -> bool:
+    return any(not ch.isascii() and ch.isdigit() for ch in s)
+
+
+def _ref_math(text: str, gold: str) -> float | None:
+    """``score_default`` without any fast path: math-verify on the gold and on the last boxed answer."""
+    from verifiers._common import last_boxed_content
+    from verifiers.math import gold_as_latex
+    from verifiers.mv import DEFAULT_ANSWER_CONFIG, parse_gold_cached
+
+    gold_parsed = parse_gold_cached(gold_as_latex(gold))
+    if not gold_parsed:
+        return None
+    content = last_boxed_content(text)
+    if content is None:
+        return 0.0
+    return float(mv_verify(list(gold_parsed), mv_parse("\\boxed{" + content + "}", DEFAULT_ANSWER_CONFIG)))
+
+
+def _ref_open_r1(text: str, gold: str) -> float | None:
+    """``score_open_r1`` without its fast path (Open-R1 ``accuracy_reward``)."""
+    from verifiers.mv import OPEN_R1_ANSWER_CONFIG, parse_gold_cached
+
+    gold_parsed = parse_gold_cached(gold)
+    if not gold_parsed:
+        return None
+    try:
+        return float(mv_verify(list(gold_parsed), mv_parse(text, OPEN_R1_ANSWER_CONFIG)))
+    except Exception:  # noqa: BLE001 - Open-R1 scores any verify error None
+        return None
+
+
+def _ref_simplerl(text: str, gold: str) -> float:
+    """``score_simplerl`` without its fast path (SimpleRL-Zoo ``hf_math_verify.compute_score``)."""
+    from verifiers.math_sources import _boxed, simplerl_extract
+    from verifiers.mv import parse_gold_cached
+
+    pred = simplerl_extract(text)
+    try:
+        gold_parsed = parse_gold_cached(_boxed(gold), extraction_mode="any_match")
+        return float(mv_verify(list(gold_parsed), mv_parse(_boxed(pred), extraction_mode="any_match")))
+    except Exception:  # noqa: BLE001 - SimpleRL-Zoo counts any exception as wrong
+        return 0.0
+
+
+def _check_fast_paths(text: str, gold: str, seen) -> None:
+    """Every fast path that answers must give its verifier's math-verify verdict; counts what was compared."""
+    from verifiers.math import fast_default, fast_open_r1
+    from verifiers.math_sources import fast_simplerl
+
+    seen["cases"] += 1
+    seen["unicode_digits"] += _has_non_ascii_digit(text + gold)
+    for name, fast, ref in (("math", fast_default, _ref_math), ("math_open_r1", fast_open_r1, _ref_open_r1),
+                            ("math_simplerl", fast_simplerl, _ref_simplerl)):
+        got = fast(text, gold)
+        if got is None:
+            continue
+        want = ref(text, gold)
+        assert got == want, (name, text, gold, got, want)
+        seen["settled"] += 1
+        seen[f"settled/{name}"] += 1
+        if any(not ch.isascii() for ch in text + gold):
+            seen["settled/non_ascii"] += 1
+
+
+def test_fast_paths_decline_unicode_digits_and_math_verify_agrees():
+    """Each number form with all, its first or its last digit respelled in every Unicode digit family ("1３"), against
+    its ASCII spelling and the other way round: the boxed-answer fast paths must decline (math-verify decides), and
+    math-verify itself never equates a Unicode-digit spelling with the number (so a fast 1.0 there would be wrong)."""
+    from verifiers.math import fast_default, fast_open_r1
+
+    seen, mv_false = 0, 0
+    for ascii_form in _ASCII_FORMS:
+        for table in _DIGIT_TABLES.values():
+            for which in ("all", "first", "last"):
+                uni = _to_family(ascii_form, table, which)
+                for pred, gold in ((uni, ascii_form), (ascii_form, uni)):
+                    text = "Thus the answer is $\\boxed{" + pred + "}$."
+                    assert fast_default(text, gold) is None, (pred, gold)
+                    assert fast_open_r1(text, gold) is None, (pred, gold)
+                    ref = _ref_math(text, gold)
+                    mv_false += ref == 0.0
+                    seen += 1
+                    assert ref in (0.0, None), (pred, gold, ref)  # never 1.0 across spellings
+    assert seen == len(_ASCII_FORMS) * len(_DIGIT_TABLES) * 3 * 2
+    assert mv_false >= seen // 2  # most golds parse; then math-verify says False
+
+
+def _spell(n: str, table: dict, pos: int) -> str:
+    """``n`` with its ``pos``-th digit (mod the digit count) replaced from ``table``."""
+    idx = [i for i, ch in enumerate(n) if ch.isdigit()]
+    if not idx:
+        return n
+    i = idx[pos % len(idx)]
+    return n[:i] + table[n[i]] + n[i + 1:]
+
+
+_ascii_number = st.one_of(
+    st.integers(-10**4, 10**4).map(str),
+    st.decimals(-100, 100, places=2, allow_nan=False, allow_infinity=False).map(lambda d: format(d, "f")),
+    st.sampled_from(_ASCII_FORMS),
+)
+_misspelled = st.builds(_spell, _ascii_number, st.sampled_from(list(_DIGIT_TABLES.values())), st.integers(0, 8))
+_piece = st.one_of(_ascii_number, _misspelled, st.text(alphabet="0123456789-. " + _LOOKALIKES + "".join(
+    "".join(t.values())[:3] for t in _DIGIT_TABLES.values()), min_size=1, max_size=5))
+_form = st.one_of(_piece, st.builds(r"\frac{{{}}}{{{}}}".format, _piece, _piece),
+                  st.builds(r"\sqrt{{{}}}".format, _piece),
+                  st.builds("{}{}".format, st.sampled_from(["-", "\u2212", " ", "\u00a0", "+"]), _piece))
+# Pairs: a number against its own misspelling (the sharp case), or two independent forms.
+_pair = st.one_of(
+    st.builds(lambda n, t, i, swap: (_spell(n, t, i), n)[::-1 if swap else 1], _ascii_number,
+              st.sampled_from(list(_DIGIT_TABLES.values())), st.integers(0, 8), st.booleans()),
+    st.tuples(_form, _form), st.tuples(_form, _ascii_number), st.tuples(_ascii_number, _ascii_number),
+)
+_WRAPS = ["Thus $\\boxed{%s}$.", "\\boxed{%s}", "First \\boxed{0}, finally \\boxed{%s}", "The answer is %s.",
+          "\\boxed{ %s }", "\\fbox{%s}"]
+
+
+def test_fast_paths_agree_with_math_verify_on_random_and_unicode_strings():
+    """Hypothesis-drawn pairs (numbers, their Unicode-digit misspellings, look-alike signs/dots/spaces, fractions,
+    roots, random strings) in several completion shapes: wherever a fast path of ``math``, ``math_open_r1`` or
+    ``math_simplerl`` answers, it equals math-verify's verdict. Counted, so a strategy that stops reaching the fast
+    paths fails the test instead of passing it vacuously."""
+    from collections import Counter
+
+    seen = Counter()
+
+    @settings(max_examples=400, deadline=None)
+    @given(_pair, st.sampled_from(_WRAPS))
+    def agree(pair, wrap):
+        pred, gold = pair
+        _check_fast_paths(wrap % pred, gold, seen)
+
+    agree()
+    assert seen["cases"] >= 400 and seen["unicode_digits"] >= 100, dict(seen)
+    assert seen["settled"] >= 150 and seen["settled/non_ascii"] >= 10, dict(seen)
+    assert all(seen[f"settled/{n}"] >= 20 for n in ("math", "math_open_r1", "math_simplerl")), dict(seen)
