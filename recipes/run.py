@@ -13,7 +13,6 @@ names added. Every other error keeps its full traceback.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import os
 import sys
@@ -81,24 +80,24 @@ def _print_job_config(argv: list[str]) -> bool:
     from omegaconf import OmegaConf
 
     from core.config.composition import compose
-    from core.config.scale import apply_scale
+    from core.config.scale import apply_scale, command_line_keys
 
     i = argv.index(flag)
     rest = argv[:i] + argv[i + 2:]
-    overrides = [a for a in rest if not a.startswith("-")]
-    cfg = compose(overrides, with_hydra=True)
-    keys = tuple(o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o)
-    print(OmegaConf.to_yaml(apply_scale(cfg, keys), resolve="--resolve" in rest), end="")
+    cfg = compose([a for a in rest if not a.startswith("-")], with_hydra=True)  # sets this job's HydraConfig
+    print(OmegaConf.to_yaml(apply_scale(cfg, command_line_keys()), resolve="--resolve" in rest), end="")
     return True
 
 
 def _nearest(cause) -> str:
     """For a key the schema lacks (OmegaConf's ConfigKeyError or ConfigAttributeError, which carry the key and
     the schema): the nearest valid names."""
+    from core.config.schema import nearest_keys
+
     schema, key = getattr(cause, "object_type", None), getattr(cause, "key", None)
     if not (dataclasses.is_dataclass(schema) and isinstance(key, str)):
         return ""
-    near = difflib.get_close_matches(key, [f.name for f in dataclasses.fields(schema)], n=3, cutoff=0.5)
+    near = nearest_keys(key, schema)
     return f"did you mean {' or '.join(near)}?" if near else ""
 
 

@@ -16,63 +16,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-Check = Callable[[Any], Optional[str]]  # value -> what was expected, or None when it fits
-
-
-# --- range checks: each returns a description of what was expected, or None ---------------------------
-
-
-def at_least(lo: float, optional: bool = False) -> Check:
-    return lambda v: None if (v is None and optional) or (v is not None and v >= lo) else \
-        f"a number >= {lo}" + (" or null" if optional else "")
-
-
-def above(lo: float, optional: bool = False) -> Check:
-    return lambda v: None if (v is None and optional) or (v is not None and v > lo) else \
-        f"a number > {lo}" + (" or null" if optional else "")
-
-
-def between(lo: float, hi: float, hi_open: bool = False, optional: bool = False) -> Check:
-    def check(v):
-        if v is None and optional:
-            return None
-        return None if v is not None and lo <= v and (v < hi if hi_open else v <= hi) else \
-            f"a number in [{lo}, {hi}{')' if hi_open else ']'}" + (" or null" if optional else "")
-    return check
-
-
-def one_of(*names) -> Check:
-    return lambda v: None if v in names else f"one of {list(names)}"
-
-
-def registered(module: str, attr: str) -> Check:
-    """A name registered in ``module.attr``: a Registry, a collection of names or a function returning
-    them (imported when checked, so the schema stays import-light)."""
-    def check(v):
-        import importlib
-
-        obj = getattr(importlib.import_module(module), attr)
-        names = obj.names() if hasattr(obj, "names") else sorted(obj() if callable(obj) else obj)
-        return None if v in names else f"one of {names}"
-    return check
-
-
-def ck(default: Any = dataclasses.MISSING, check: Check | None = None, factory: Callable | None = None):
-    """A schema field with a default (or ``factory``) and an optional range ``check``."""
-    meta = {"check": check} if check else {}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-POS = at_least(1)
-NONNEG = at_least(0)
-OPT_POS = at_least(1, optional=True)
-BOOL_OR_AUTO = one_of("auto", True, False)
+from core.config.ranges import (BOOL_OR_AUTO, NONNEG, OPT_POS, POS, above, at_least, between, ck, one_of,
+                                registered)
 
 # --- top level --------------------------------------------------------------------------------------------
 
@@ -474,6 +423,11 @@ def check_schema(cfg) -> list[str]:
     return errors
 
 
+def nearest_keys(key: str, schema: type) -> list[str]:
+    """Up to three keys of ``schema`` (a dataclass) spelt most like ``key``."""
+    return difflib.get_close_matches(key, [f.name for f in dataclasses.fields(schema)], n=3, cutoff=0.5)
+
+
 def _walk(node, schema: type | None, prefix: str, errors: list[str]) -> None:
     if not isinstance(node, DictConfig) or schema is None or not dataclasses.is_dataclass(schema):
         return
@@ -481,7 +435,7 @@ def _walk(node, schema: type | None, prefix: str, errors: list[str]) -> None:
     for key in node.keys():
         path = f"{prefix}{key}"
         if key not in fields:
-            near = difflib.get_close_matches(str(key), list(fields), n=3, cutoff=0.5)
+            near = nearest_keys(str(key), schema)
             hint = f"did you mean {' or '.join(prefix + n for n in near)}?" if near else \
                 f"valid keys here: {', '.join(fields)}"
             errors.append(f"{path}: unknown key ({schema.__name__}); {hint}")
