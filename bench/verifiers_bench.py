@@ -1,4 +1,5 @@
-"""Verifier throughput: our ``math`` verifier vs a plain sequential math-verify ``parse`` + ``verify`` loop.
+"""Verifier throughput: our ``math`` verifier vs a plain sequential math-verify ``parse`` + ``verify`` loop, and the
+code sandbox's throughput (``code_mbpp`` on MBPP reference solutions: one sandboxed process per sample).
 
 4096 realistic completions (long reasoning text ending in a boxed answer, half correct, answers in varied forms),
 in groups of 8 per prompt like GRPO. Both sides use the same extraction config (verifiers.mv), so rewards must be
@@ -116,6 +117,44 @@ def p99(xs):
     return statistics.quantiles(xs, n=100)[98]
 
 
+def _mbpp_rows() -> list[dict]:
+    from core import paths
+
+    p = paths.data_dir() / "mbpp" / "mbpp.jsonl"
+    if p.is_file():
+        rows = [json.loads(line) for line in open(p)]
+        return [r for r in rows if r["task_id"] != 123][:CODE_N]  # task 123 alone takes ~4 s (a slow reference)
+    return [{"code": f"def f(x):\n    return x + {i}", "test_setup_code": "", "test_list": [f"assert f(1) == {i + 1}"]}
+            for i in range(CODE_N)]
+
+
+CODE_N = 128
+
+
+def code_part() -> dict:
+    """Sandboxed-process throughput: ``code_mbpp`` over reference solutions, all of which must pass."""
+    from verifiers import get_verifier
+
+    rows = _mbpp_rows()
+    fn = get_verifier("code_mbpp")
+    kw = dict(raw_code=True, timeout=20.0)
+    fn([rows[0]["code"]], test_list=[rows[0]["test_list"]], test_setup_code=[rows[0]["test_setup_code"]], **kw)
+    t0 = time.perf_counter()
+    out = fn([r["code"] for r in rows], test_list=[r["test_list"] for r in rows],
+             test_setup_code=[r["test_setup_code"] for r in rows], **kw)
+    total = time.perf_counter() - t0
+    lat = []
+    for r in rows[:32]:  # one sample at a time: the sandbox's own start-up + run cost
+        t = time.perf_counter()
+        fn([r["code"]], test_list=[r["test_list"]], test_setup_code=[r["test_setup_code"]], **kw)
+        lat.append(time.perf_counter() - t)
+    res = {"code_n": len(rows), "code_sps": len(rows) / total, "code_pass": sum(v == 1.0 for v in out),
+           "code_single_ms": 1e3 * statistics.median(lat)}
+    print("verifiers bench (code_mbpp, sandbox): {code_n} reference solutions, {code_pass} pass; {code_sps:.1f} "
+          "samples/s; one sample alone {code_single_ms:.0f} ms (median)".format(**res))
+    return res
+
+
 def main() -> dict:
     comps, answers = make_corpus()
     warm_plain()
@@ -132,6 +171,7 @@ def main() -> dict:
     print("  rlrecipes `math`:       {ours_sps:.1f} samples/s ({speedup:.2f}x), p99 {ours_group8_p99_ms:.1f} ms "
           "per group of 8".format(**res))
     print("  identical rewards: {} (mismatches {mismatches}); correct fraction {correct_frac:.3f}".format(mism == 0, **res))
+    res.update(code_part())
     return res
 
 

@@ -1,17 +1,24 @@
-"""Run untrusted Python in a throw-away sandbox process.
+"""Run untrusted Python in a throw-away sandbox: fresh namespaces, its own uid, cgroup and seccomp filter.
 
-Each run gets: a fresh temporary directory (its cwd and $HOME, removed afterwards); its own session/process group
-(killed as a group with SIGKILL on timeout, children included); rlimits set by util-linux ``prlimit`` before exec
-(CPU seconds, address space, file size, process count, no core dumps); stdout/stderr sent to files in the temp
-directory (so a flood is capped by the file-size limit, not by the parent's memory) and read back truncated.
+Each run gets a fresh temporary directory for its files and output, its own session (killed as a group with
+SIGKILL, children included), stdout/stderr sent to files (a flood is capped by the file-size limit, not by the
+parent's memory) and read back truncated. The set-up inside the sandbox is done by ``verifiers/sandbox_prelude.py``
+(one interpreter, before any program code exists); ``verifiers/cgroups.py`` makes the per-sample cgroup.
 
-Isolation, strongest that works here, detected once (``isolation()`` says which applies):
+Isolation, strongest that works here, detected once by running a probe through it (``isolation()`` says which):
 
-* ``unshare+nobody`` -- ``unshare -m -n -p -f --kill-child``: no network (empty net namespace), own PID namespace
-  (every process of the run dies with it), own mount namespace where /work, /home, /root, /mnt, /srv and the repo
-  are covered by empty tmpfs (the caller's files are invisible), then ``setpriv`` to uid/gid 65534 (nobody) with
-  no supplementary groups: no writes outside its temp dir, and RLIMIT_NPROC applies (fork bombs).
-* ``unshare`` -- the same namespaces, running as the caller (no privilege drop).
+* ``unshare+uid`` (root with namespaces) -- ``unshare -m -n -p -i -u -f --kill-child --mount-proc``: no network
+  (empty net namespace); own PID namespace with its own ``/proc`` (no host process is visible, and every process
+  of the run dies with it); own System V IPC namespace (segments, semaphores and message queues die with it); own
+  mount namespace where /work, /home, /root, /mnt, /srv and the repository are covered by empty tmpfs, the working
+  dir ``/mnt/sbx`` is a tmpfs of ``quota_mb`` owned by the run, and /tmp, /var/tmp, /dev/shm and /run are private
+  tmpfs of 16 MiB each. The program then runs as a uid of its own (``UID_BASE`` + a slot held by one run at a time
+  across processes, so RLIMIT_NPROC and file ownership are per sample, never shared with another sample), with no
+  supplementary groups, no capabilities, no_new_privs (setuid binaries run without their privileges) and the
+  seccomp filter. Where cgroups are writable (``cgroups.detect()``), the run's processes share one memory limit
+  (``mem_mb``, swap included) and one process limit (``nproc``); elsewhere each process has ``mem_mb`` of address
+  space and the uid has ``nproc`` processes.
+* ``unshare`` -- network, PID and IPC namespaces, as the caller (no mounts, no uid); rlimits and seccomp apply.
 * ``guard`` -- no namespaces available: an in-process prelude replaces socket connect / DNS with errors. That is a
   speed bump, not a wall (ctypes can bypass it); documented in docs/verifiers.md.
 
@@ -19,9 +26,12 @@ Isolation, strongest that works here, detected once (``isolation()`` says which 
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -31,22 +41,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
-NOBODY = 65534
+from verifiers import cgroups, sandbox_prelude
 
-_GUARD = '''import socket as _s
-def _no_net(*a, **k):
-    raise OSError("network access is disabled in the rlrecipes sandbox")
-class _NoNetSocket(_s.socket):
-    def connect(self, *a, **k): _no_net()
-    def connect_ex(self, *a, **k): _no_net()
-    def sendto(self, *a, **k): _no_net()
-    def bind(self, *a, **k): _no_net()
-_s.socket = _NoNetSocket
-_s.create_connection = _no_net
-_s.getaddrinfo = _no_net
-del _s
-'''
+log = logging.getLogger(__name__)
+UID_BASE, UID_SLOTS = 2_000_000_000, 4096  # far above system and subuid ranges (/etc/subuid starts at 100000)
+UID_LOCK_DIR = "/run/rlr-sbx-uids"
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+PRIVATE_SIZE = 16 << 20
 
 
 @dataclass
@@ -58,22 +59,11 @@ class RunResult:
     stdout: str
     stderr: str
     wall_s: float
+    oom_killed: bool = False  # the cgroup's memory limit killed one of its processes
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-def _probe(cmd: list[str]) -> bool:
-    tmp = tempfile.mkdtemp(prefix="rlr-sbx-probe-")
-    try:
-        os.chmod(tmp, 0o755)
-        env = dict(os.environ, RLR_SBX_DIR=tmp)
-        return subprocess.run(cmd, capture_output=True, timeout=20, env=env, cwd=tmp).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 _HIDE = ["/work", "/home", "/root", "/mnt", "/srv", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
@@ -87,25 +77,16 @@ def _hidden_dirs(python: str) -> list[str]:
     return sorted(d for d in dirs if not any(d.startswith(p + "/") for p in dirs))  # a parent covers its children
 
 
-def _nobody_prefix(unshare: str, python: str) -> list[str]:
-    # Mount namespace: hide the caller's files, then drop to nobody (no supplementary groups) and exec.
-    # The run dir (from $RLR_SBX_DIR) is bind-mounted at /mnt/sbx, then /tmp, /var/tmp, /dev/shm get private
-    # tmpfs too, so the only shared place the code can write is its own run dir.
-    hidden = _hidden_dirs(python)
-    mounts = "".join(f"mount -t tmpfs -o size=1m,mode=755 none '{d}' && " for d in hidden)
-    if "/mnt" in hidden:
-        mounts += ('mkdir /mnt/sbx && mount --bind "$RLR_SBX_DIR" /mnt/sbx && cd /mnt/sbx && '
-                   + "".join(f"mount -t tmpfs -o size=16m,mode=1777 none {d} && "
-                             for d in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(d)))
-    script = mounts + 'exec setpriv --reuid %d --regid %d --clear-groups -- "$@"' % (NOBODY, NOBODY)
-    return [unshare, "-m", "-n", "-p", "-f", "--kill-child", "--", "/bin/sh", "-c", script, "sh"]
-
-
 _ISO_LOCK = threading.Lock()
+_PROBE = """import os
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(os.getuid(), status["NoNewPrivs"].strip(), status["Seccomp"].strip(), len(os.listdir("/proc")), os.getcwd())
+"""
 
 
 def isolation() -> dict:
-    """Which isolation applies here: {"level", "python", "prefix", "hidden"}; detected and logged once."""
+    """Which isolation applies here: {"level", "python", "prefix", "hidden", "seccomp", "cgroup"}; detected by
+    running a probe through each candidate, strongest first, and logged once."""
     with _ISO_LOCK:
         return _isolation()
 
@@ -113,30 +94,136 @@ def isolation() -> dict:
 @functools.lru_cache(maxsize=1)
 def _isolation() -> dict:
     unshare = shutil.which("unshare")
+    bpf = sandbox_prelude.seccomp_bpf()
     pythons = [p for p in dict.fromkeys([sys.executable, shutil.which("python3"), "/usr/bin/python3"]) if p]
-    if unshare and shutil.which("setpriv") and os.geteuid() == 0:
-        for py in pythons:
-            prefix = _nobody_prefix(unshare, py)
-            if _probe(prefix + [py, "-I", "-c", "pass"]):
-                return _chosen({"level": "unshare+nobody", "python": py, "prefix": prefix,
-                                "hidden": _hidden_dirs(py)})
-    ns = [unshare, "-n", "-p", "-f", "--kill-child", "--"] if unshare else None
-    if ns and _probe(ns + [sys.executable, "-I", "-c", "pass"]):
-        return _chosen({"level": "unshare", "python": sys.executable, "prefix": ns, "hidden": []})
-    return _chosen({"level": "guard", "python": sys.executable, "prefix": [], "hidden": []})
+    candidates = []
+    if unshare and os.geteuid() == 0 and os.path.isdir("/mnt"):
+        ns = [unshare, "-m", "-n", "-p", "-i", "-u", "-f", "--kill-child", "--mount-proc", "--"]
+        # The interpreter whose files leave the most caller dirs hidden first (a venv's or pyenv's interpreter keeps
+        # /work or /root visible, since its standard library must stay readable).
+        strong = [{"level": "unshare+uid", "python": py, "prefix": ns, "hidden": _hidden_dirs(py),
+                   "cgroup": cgroups.detect()} for py in pythons]
+        candidates += sorted(strong, key=lambda c: -len(c["hidden"]))
+    if unshare:
+        ns = [unshare, "-n", "-p", "-i", "-f", "--kill-child", "--"]
+        candidates.append({"level": "unshare", "python": sys.executable, "prefix": ns, "hidden": [], "cgroup": None})
+    candidates.append({"level": "guard", "python": sys.executable, "prefix": [], "hidden": [], "cgroup": None})
+    for iso in candidates:
+        for filt in ([bpf, None] if bpf is not None else [None]):
+            iso = dict(iso, seccomp=filt is not None, bpf=filt)
+            if _probe(iso):
+                log.warning("code sandbox isolation: %s (python %s, seccomp %s, cgroup %s)", iso["level"],
+                            iso["python"], "on" if filt else "OFF", iso["cgroup"] and f"v{iso['cgroup'].version}")
+                return iso
+    raise RuntimeError("no sandbox level works here, not even the in-process guard")  # pragma: no cover
 
 
-def _chosen(iso: dict) -> dict:
-    log.warning("code sandbox isolation: %s (python %s)", iso["level"], iso["python"])
-    return iso
+def _probe(iso: dict) -> bool:
+    try:
+        res = _run(iso, _PROBE, "", 20.0, 256, 1, 64, 1 << 16, {}, (), None, 16)
+    except OSError:
+        return False
+    fields = res.stdout.split()
+    if res.status != "ok" or len(fields) != 5:
+        return False
+    uid, nnp, mode, _nprocs, _cwd = fields
+    strong = iso["level"] == "unshare+uid"
+    return nnp == "1" and (mode == "2") == iso["seccomp"] and (int(uid) >= UID_BASE) == strong
 
 
-def _limits(cpu_s: int, mem_bytes: int, fsize_bytes: int, nproc: int) -> list[str]:
-    prlimit = shutil.which("prlimit")
-    if prlimit is None:  # pragma: no cover - util-linux is present on our images
-        raise RuntimeError("the code sandbox needs util-linux prlimit")
-    return [prlimit, f"--cpu={cpu_s}", f"--as={mem_bytes}", f"--fsize={fsize_bytes}", f"--nproc={nproc}",
-            "--core=0", "--"]
+@contextlib.contextmanager
+def _uid_slot():
+    """A uid no other run holds now, across threads and processes: an exclusive flock on one of ``UID_SLOTS``
+    files, held for the run (the namespace's processes are all dead when it is released). The files sit at one
+    fixed root-only place (this level runs as root), whatever a process's TMPDIR is."""
+    d = UID_LOCK_DIR
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    start = secrets.randbelow(UID_SLOTS)
+    for k in range(UID_SLOTS):
+        slot = (start + k) % UID_SLOTS
+        fd = os.open(os.path.join(d, str(slot)), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield UID_BASE + slot
+        finally:
+            os.close(fd)
+        return
+    raise RuntimeError(f"all {UID_SLOTS} sandbox uid slots are in use")
+
+
+def run_python(code: str, stdin: str = "", timeout: float = 10.0, mem_mb: int = 1024, fsize_mb: int = 16,
+               nproc: int = 256, output_limit: int = 1 << 20, files: dict[str, str] | None = None,
+               args: tuple[str, ...] = (), token: str | None = None, quota_mb: int = 64) -> RunResult:
+    """Run ``code`` as ``main.py args...`` with ``stdin`` and ``files`` (name -> text) beside it, in the working dir;
+    returns after at most ``timeout`` s (+ kill/cleanup time).
+
+    Limits: ``mem_mb`` (the run's processes together where a cgroup applies, else each process's address space),
+    ``nproc`` processes, ``fsize_mb`` per written file, ``quota_mb`` for the working dir (``unshare+uid``), CPU
+    seconds = ``timeout`` + 1. ``token`` (the pass signal of ``verifiers/_harness.py``, whose docstring gives the
+    design): written whole into a pipe that the child inherits as fd ``$RLR_TOKEN_FD`` (never argv, environment or
+    a file); the run is "ok" only if it exits 0 and its stdout ends with ``"\\n" + token + "\\n"``, which is
+    removed from the returned stdout.
+    """
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    return _run(isolation(), code, stdin, timeout, mem_mb, fsize_mb, nproc, output_limit, files or {}, args, token,
+                quota_mb)
+
+
+def _run(iso: dict, code: str, stdin: str, timeout: float, mem_mb: int, fsize_mb: int, nproc: int,
+         output_limit: int, files: dict[str, str], args: tuple[str, ...], token: str | None,
+         quota_mb: int) -> RunResult:
+    tmp = tempfile.mkdtemp(prefix="rlr-sbx-")
+    token_fd = None
+    try:
+        fdir = os.path.join(tmp, "files")
+        os.mkdir(fdir, 0o755)
+        for name, text in {"main.py": code, **files}.items():
+            with open(os.path.join(fdir, name), "w", encoding="utf-8", errors="surrogatepass") as f:
+                f.write(text)
+        with open(os.path.join(tmp, "stdin.txt"), "w", encoding="utf-8", errors="replace") as f:
+            f.write(stdin)
+        env = {"PATH": "/usr/bin:/bin", "HOME": fdir, "LANG": "C.UTF-8"}
+        if token is not None:
+            token_fd, w = os.pipe()
+            try:
+                os.write(w, token.encode())  # 32 bytes: far below the pipe buffer, so this never blocks
+            finally:
+                os.close(w)  # the child reads the token and then EOF: nothing more can be read from this pipe
+            env["RLR_TOKEN_FD"] = str(token_fd)
+        strong = iso["level"] == "unshare+uid"
+        with (_uid_slot() if strong else contextlib.nullcontext()) as uid, \
+                _cgroup(iso["cgroup"] if strong else None, mem_mb << 20, nproc) as cg:
+            cfg = {"uid": uid, "hidden": iso["hidden"], "private": [d for d in PRIVATE_DIRS if os.path.isdir(d)],
+                   "private_size": PRIVATE_SIZE, "quota": quota_mb << 20, "files": fdir,
+                   "cgroup_procs": cg.procs_files if cg else [], "bpf": iso["bpf"],
+                   "rlimits": {"RLIMIT_CPU": int(timeout) + 1, "RLIMIT_AS": mem_mb << 20,
+                               "RLIMIT_FSIZE": fsize_mb << 20, "RLIMIT_NPROC": nproc, "RLIMIT_CORE": 0}}
+            cmd = iso["prefix"] + [iso["python"], "-I", "-c", sandbox_prelude.source(cfg, iso["level"] == "guard"),
+                                   "main.py", *args]
+            res = _execute(cmd, tmp, fdir, env, timeout, output_limit, token, () if token_fd is None else (token_fd,))
+            res.oom_killed = bool(cg and cg.oom_killed())
+            return res
+    finally:
+        if token_fd is not None:
+            os.close(token_fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _cgroup(h: cgroups.Hierarchy | None, mem_bytes: int, nproc: int):
+    if h is None:
+        yield None
+        return
+    cg = cgroups.SampleCgroup(h, mem_bytes, nproc)
+    try:
+        yield cg
+    finally:
+        cg.close()
 
 
 def _read_output(f, limit: int, suffix: bytes | None) -> tuple[str, bool]:
@@ -151,55 +238,14 @@ def _read_output(f, limit: int, suffix: bytes | None) -> tuple[str, bool]:
     return f.read(min(size, limit)).decode("utf-8", errors="replace"), signed
 
 
-def run_python(code: str, stdin: str = "", timeout: float = 10.0, mem_mb: int = 1024, fsize_mb: int = 16,
-               nproc: int = 512, output_limit: int = 1 << 20, files: dict[str, str] | None = None,
-               args: tuple[str, ...] = (), token: str | None = None) -> RunResult:
-    """Run ``code`` as ``main.py args...`` with ``stdin`` and ``files`` (name -> text) beside it; returns after at most
-    ``timeout`` s (+ kill/cleanup time).
-
-    ``token`` (the pass signal of ``verifiers/_harness.py``, whose docstring gives the design): written whole into a
-    pipe that the child inherits as fd ``$RLR_TOKEN_FD`` (never argv, environment or a file); the run is "ok" only if
-    it exits 0 and its stdout ends with ``"\\n" + token + "\\n"``, which is removed from the returned stdout.
-    """
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
-    iso = isolation()
-    tmp = tempfile.mkdtemp(prefix="rlr-sbx-")
-    token_fd = None
-    try:
-        if iso["level"] == "unshare+nobody":
-            os.chown(tmp, NOBODY, NOBODY)
-        for name, text in {"main.py": (_GUARD if iso["level"] == "guard" else "") + code, **(files or {})}.items():
-            with open(os.path.join(tmp, name), "w", encoding="utf-8", errors="surrogatepass") as f:
-                f.write(text)
-        with open(os.path.join(tmp, "stdin.txt"), "w", encoding="utf-8", errors="replace") as f:
-            f.write(stdin)
-        cmd = (_limits(int(timeout) + 1, mem_mb << 20, fsize_mb << 20, nproc) + iso["prefix"]
-               + [iso["python"], "-I", "main.py", *args])
-        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-               "RLR_SBX_DIR": tmp}
-        if token is not None:
-            token_fd, w = os.pipe()
-            try:
-                os.write(w, token.encode())  # 32 bytes: far below the pipe buffer, so this never blocks
-            finally:
-                os.close(w)  # the child reads the token and then EOF: nothing more can be read from this pipe
-            env["RLR_TOKEN_FD"] = str(token_fd)
-        return _execute(cmd, tmp, env, timeout, output_limit, token, () if token_fd is None else (token_fd,))
-    finally:
-        if token_fd is not None:
-            os.close(token_fd)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _execute(cmd: list[str], tmp: str, env: dict, timeout: float, output_limit: int, token: str | None,
+def _execute(cmd: list[str], tmp: str, cwd: str, env: dict, timeout: float, output_limit: int, token: str | None,
              pass_fds: tuple[int, ...]) -> RunResult:
     t0 = time.monotonic()
     # stdout/stderr are read back through the parent's own handles, not by path: the program may replace the files
     # in its run dir, never the inodes its fds 1 and 2 point to.
     with open(os.path.join(tmp, "stdin.txt"), "rb") as fin, open(os.path.join(tmp, "stdout.txt"), "w+b") as fout, \
             open(os.path.join(tmp, "stderr.txt"), "w+b") as ferr:
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=fin, stdout=fout, stderr=ferr,
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=fin, stdout=fout, stderr=ferr,
                                 start_new_session=True, close_fds=True, pass_fds=pass_fds)
         timed_out = False
         try:
@@ -222,11 +268,22 @@ def _execute(cmd: list[str], tmp: str, env: dict, timeout: float, output_limit: 
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    # The whole session: stragglers (background children) go too, even after a normal exit.
-    try:
+    """Kill the run: the namespace's init first, so that ``unshare`` reaps it and exits (killing both at once
+    orphans the init to the host's pid 1, where it stays a zombie of the sample's uid until that reaps it), then
+    the whole session: stragglers (background children) go too, even after a normal exit."""
+    if proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            kids = []
+        for kid in kids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(kid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1 if kids else 0)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
