@@ -1,9 +1,9 @@
 """C++ judge: copied into the code sandbox as ``main.py`` by ``verifiers.cpp.run_cpp`` and run as ``python -I main.py``.
 
-Never imported by the package; standard library only (it runs under the sandbox's ``/usr/bin/python3`` as nobody,
-repository hidden, no network). One sandbox session per sample compiles and runs every test, as one Piston job does
-for Open-R1 (huggingface/open-r1 ``src/open_r1/utils/competitive_programming/cf_scoring.py`` @ 1416fa0, which sends
-the Piston ``codeforces`` package of guipenedo/piston ``packages/codeforces/1.0.0/{compile,run}`` @ 7a38da2).
+Never imported by the package; standard library only (it runs under the sandbox's ``/usr/bin/python3`` as the run's
+uid, repository hidden, no network). One sandbox session per sample compiles and runs every test, as one Piston job
+does for Open-R1 (huggingface/open-r1 ``src/open_r1/utils/competitive_programming/cf_scoring.py`` @ 1416fa0, which
+sends the Piston ``codeforces`` package of guipenedo/piston ``packages/codeforces/1.0.0/{compile,run}`` @ 7a38da2).
 
 Input: ``cpp_job.json`` beside it (source, tests, limits, checker), read and deleted before any untrusted code
 exists, so the expected outputs and the checker live only in this process's memory (made non-dumpable, so a
@@ -335,7 +335,7 @@ def _kill_all(pid):
 
 def _reap():
     # Everything else is SIGKILLed and, orphaned, is our child: reap until none is left, so no zombie keeps
-    # counting against RLIMIT_NPROC (shared by every sandbox running as nobody).
+    # counting against the run's process limit (RLIMIT_NPROC, pids.max).
     while True:
         try:
             os.waitpid(-1, 0)

@@ -120,6 +120,8 @@ def run_cpp(source: str, tests: Sequence[dict], time_limit_s: float = 2.0, memor
     res = run_python(RUNNER, files={JOB: text}, token=secrets.token_hex(16), timeout=_budget(job),
                      mem_mb=max(COMPILE_MEM_MB, job["memory_mb"] + 64) + 4 * (len(text) >> 20),
                      fsize_mb=max(64, job["output_mb"], _largest_mb(tests) + 1),
+                     # the working dir holds the binary, one test's input and its output (up to output_mb)
+                     quota_mb=max(64, job["output_mb"]) + 2 * _largest_mb(tests) + 64,
                      output_limit=(1 << 20) + 128 * len(tests))
     if not res.ok:
         return CppResult("SANDBOX", ["SANDBOX"] * len(tests), compile_output=(res.stdout + res.stderr)[-4096:])
