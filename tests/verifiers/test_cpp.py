@@ -69,12 +69,15 @@ def test_batches_stop_after_the_first_failing_batch():
 
 
 def test_time_limits_are_bounded():
-    tests = [{"input": "loop", "output": "42"}, {"input": "sleep", "output": "42"}, {"input": "ok", "output": "42"}]
+    """A busy loop ends by CPU time (its wall clock is generous, so a loaded machine cannot turn it into a wall-clock
+    TLE), a sleeping program by the wall clock."""
     t0 = time.monotonic()
-    res = run_cpp(MODES, tests, time_limit_s=0.5, wall_limit_s=1.0)
-    assert res.verdicts == ["TLE", "TLE", "OK"]
-    assert res.cpu_s[0] >= 0.5 and res.cpu_s[1] < 0.5  # the loop by CPU time, the sleep by the wall clock
-    assert time.monotonic() - t0 < 1.0 + 1.0 + 5.0  # compile + two limits + slack
+    busy = run_cpp(MODES, [{"input": "loop", "output": "42"}, {"input": "ok", "output": "42"}], time_limit_s=0.5,
+                   wall_limit_s=20.0)
+    assert busy.verdicts == ["TLE", "OK"] and busy.cpu_s[0] >= 0.5
+    asleep = run_cpp(MODES, [{"input": "sleep", "output": "42"}], time_limit_s=0.5, wall_limit_s=1.0)
+    assert asleep.verdicts == ["TLE"] and asleep.cpu_s[0] < 0.5
+    assert time.monotonic() - t0 < 20.0 + 1.0 + 10.0  # bounded even on a loaded machine
 
 
 def test_memory_and_runtime_errors():

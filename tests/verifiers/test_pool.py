@@ -109,7 +109,9 @@ def test_math_towers_in_a_batch_cost_one_timeout():
     golds = ["68"] * 4 + [g for _, g in SYMBOLIC[:4]]
     out, elapsed = _timed(get_verifier("math"), comps, answer=golds, timeout=3.0, workers=4)
     assert out == [0.0] * 4 + solo
-    assert elapsed < 3.0 + 2 * STEAL_AFTER_S + 1.5, elapsed  # 4.2 s; was 4 x 3 s plus a cold worker (12.7 s)
+    # 4.2 s alone; was 4 x 3 s plus a cold worker (12.7 s). The towers burn CPU, so the slack (3 s) covers a
+    # machine shared with other jobs (5.5 s seen with two test suites on these 2 cores), still far below 12.7 s.
+    assert elapsed < 3.0 + 2 * STEAL_AFTER_S + 3.0, elapsed
 
 
 def test_workers_0_times_out_a_hanging_answer():
