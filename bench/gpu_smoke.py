@@ -63,12 +63,13 @@ def packed_vs_padded() -> dict:
     the model's dtype."""
     from core.models.loading import load_causal_lm, load_tokenizer, model_dir
     from core.models.logprobs import response_logprobs
+    from core.config import schema
     from core.rollout import Sampling, build_rollout
 
     cfg = compose(MODEL)
     path = model_dir(cfg.model)
     model, tok = load_causal_lm(path, cfg.model).to(DEVICE), load_tokenizer(path)
-    eng = build_rollout("hf", model, tok, {"generation_batch_size": 0})
+    eng = build_rollout("hf", model, tok, schema.node(schema.RolloutConfig))
     eng.eos_ids = sorted(set(tok("abcdefghij", add_special_tokens=False)["input_ids"]))  # some stop early
     torch.manual_seed(0)
     prompts = [tok(f"{a}+{b}=", add_special_tokens=False)["input_ids"] for a, b in ((3, 4), (12, 30), (99, 1), (7, 88))]

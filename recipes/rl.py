@@ -222,9 +222,9 @@ def rl_step(run: Run) -> dict:
     cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
     idx = run.sampler.next()[distributed.rank()::distributed.world()]  # this rank's prompts, whole groups
     rows = [run.train_rows[i] for i in idx for _ in range(G)]  # group-major: G consecutive rows per prompt
-    with timer.phase("sync"):
-        run.rollout.sync_weights(run.engine.module)  # no-op in-process; vLLM gets the new weights
-    with timer.phase("generate"), run.engine.gathered(bool(cfg.rollout.gather_for_generation)):
+    with timer.phase("sync"):  # hf: nothing to copy; vllm: one parameter at a time (gathered alone under ZeRO-3)
+        run.rollout.sync_weights(run.engine)
+    with timer.phase("generate"), run.engine.gathered(run.rollout.gathers_policy):
         roll = run.rollout.generate([run.train_ids[i] for i in idx for _ in range(G)],
                                     Sampling.from_cfg(cfg.rollout))
     with timer.phase("verify"):
@@ -403,10 +403,9 @@ def evaluate(run: Run) -> float:
     share = slice(distributed.rank(), n, distributed.world())
     rows, ids = run.eval_rows[:n][share], run.eval_ids[:n][share]
     counts = torch.zeros(2, dtype=torch.float64)  # [correct, scored]
-    run.rollout.sync_weights(run.engine.module)
-    gather = bool(run.cfg.rollout.gather_for_generation)
-    with run.engine.gathered(gather):  # collective under ZeRO-3: every rank enters, rows or not
-        if rows or not gather:  # ungathered ZeRO-3 forwards are collective: a rank with no rows decodes one anyway
+    run.rollout.sync_weights(run.engine)  # collective under ZeRO-3
+    with run.engine.gathered(run.rollout.gathers_policy):  # collective under ZeRO-3: every rank enters, rows or not
+        if rows or run.rollout.collective:  # a rank with no rows decodes a stand-in prompt alongside the others
             roll = run.rollout.generate(ids or run.eval_ids[:1], Sampling.from_cfg(run.cfg.rollout, greedy=True))
         if rows:
             scores, valid, _ = score(run, roll, rows)

@@ -1,14 +1,25 @@
-"""The vLLM engine: output conversion on CPU; the engine itself on a GPU (``gpu`` marker)."""
+"""The vLLM engine. On CPU: output conversion, and the engine itself on a recording double of ``vllm.LLM``
+(``tests/vllm_double.py``) under DeepSpeed ZeRO-3 on 2 gloo ranks (``tests/vllm_worker.py``): the weight push,
+tensor-parallel groups and sleep mode. On a GPU (``gpu`` marker): real vLLM against the ``hf`` engine."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from core.config import schema
-from core.rollout.vllm import _chosen_logprob, _to_rollout
+from core.rollout.vllm import VLLMRollout, _chosen_logprob, _to_rollout, gather_in_group, tp_groups
+from tests.vllm_double import completion
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
 
 
 def test_vllm_outputs_become_a_rollout_with_the_shared_layout():
@@ -25,19 +36,149 @@ def test_chosen_logprob_reads_the_sampled_token():
     assert _chosen_logprob(step, 4) == -0.25 and _chosen_logprob(step, 7) == -3.0
 
 
+def test_tensor_parallel_groups_are_consecutive_ranks_as_in_trl():
+    assert tp_groups(8, 2) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert tp_groups(4, 4) == [[0, 1, 2, 3]]
+    assert tp_groups(2, 1) == [[0], [1]]
+    prompts = [[1, 2], [3]]
+    assert gather_in_group(prompts, None) == (prompts, slice(0, 2))  # no group: this rank's prompts alone
+
+
+def test_the_real_engine_refuses_a_machine_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        VLLMRollout(None, None, schema.node(schema.RolloutConfig, {"vllm": {}}))
+
+
+# --- the engine on the double, ZeRO-3 on 2 CPU ranks ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """What each rank of ``tests/vllm_worker.py`` recorded, and the tiny model unpartitioned."""
+    from core.models.loading import build_tiny_model_dir, load_causal_lm
+    from tests.vllm_worker import MODEL
+
+    model_dir = str(build_tiny_model_dir("qwen2", TINY, 0))
+    out = tmp_path_factory.mktemp("vllm") / "out"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                           str(WORKER), model_dir, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = [torch.load(f"{out}.rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return got, load_causal_lm(model_dir, MODEL)
+
+
+@pytest.mark.distributed
+def test_zero3_push_sends_every_parameter_whole_with_the_unpartitioned_values(ranks):
+    got, full = ranks
+    params = dict(full.named_parameters())  # tied weights once: lm_head.weight is embed_tokens.weight
+    assert "lm_head.weight" in full.state_dict() and "lm_head.weight" not in params and len(params) == 26
+    for rank in got:
+        assert rank["whole_at_start"] == 0  # ZeRO-3 partitioned every parameter
+        first = rank["tp"]["loads"][:len(params)]
+        assert [load["name"] for load in first] == list(params)  # each once, in order, under its HF name
+        for load in first:
+            assert load["shape"] == tuple(params[load["name"]].shape)
+            assert torch.equal(load["values"], params[load["name"]].detach())
+
+
+@pytest.mark.distributed
+def test_zero3_push_gathers_one_parameter_at_a_time_and_generation_gathers_nothing(ranks):
+    got, full = ranks
+    numel = {name: p.numel() for name, p in full.named_parameters()}
+    for rank in got:
+        for key in ("tp", "solo"):
+            # while vLLM loads a parameter, that parameter alone is whole on the rank
+            assert [load["probe"] for load in rank[key]["loads"]] == [numel[load["name"]] for load in rank[key]["loads"]]
+            assert rank[key]["generate_probes"] == [0]  # no whole-model gather around vLLM's generate
+
+
+@pytest.mark.distributed
+def test_push_after_an_update_equals_deepspeeds_consolidated_weights(ranks):
+    got, full = ranks
+    n = len(dict(full.named_parameters()))
+    consolidated = got[0]["consolidated"]
+    second = [rank["tp"]["loads"][n:] for rank in got]
+    assert len(second[0]) == len(second[1]) == n
+    moved = 0
+    for a, b in zip(*second):
+        assert a["name"] == b["name"]
+        assert torch.equal(a["values"], consolidated[a["name"]]) and torch.equal(b["values"], a["values"])
+        moved += not torch.equal(a["values"], full.get_parameter(a["name"]).detach())
+    assert moved == n  # the optimiser step changed every parameter: the push carries the new values
+
+
+@pytest.mark.distributed
+def test_tensor_parallel_group_generates_all_its_prompts_and_each_rank_keeps_its_own(ranks):
+    from tests.vllm_worker import PROMPTS, SAMPLING
+
+    got, _ = ranks
+    for r, rank in enumerate(got):
+        tp = rank["tp"]
+        assert tp["collective"] and tp["kwargs"]["tensor_parallel_size"] == 2
+        assert tp["kwargs"]["seed"] == 0  # one seed per group: its ranks sample alike
+        assert tp["prompts"] == [PROMPTS[0] + PROMPTS[1]]  # rank order, unequal counts
+        _check_own_completions(tp, PROMPTS[r], SAMPLING.max_new_tokens)
+        solo = rank["solo"]
+        assert not solo["collective"] and solo["kwargs"]["seed"] == r  # no group: each rank its own stream
+        assert solo["prompts"] == [PROMPTS[r]]
+        _check_own_completions(solo, PROMPTS[r], SAMPLING.max_new_tokens)
+        assert rank["refused_tp4"]  # 4 does not divide 2 ranks
+
+
+def _check_own_completions(rec: dict, prompts: list[list[int]], max_tokens: int) -> None:
+    want = [completion(p, max_tokens) for p in prompts]
+    assert rec["response_ids"] == [tokens for tokens, _ in want]
+    assert rec["logprobs"] == [lps for _, lps in want]  # multiples of 1/128: exact in float32
+
+
+@pytest.mark.distributed
+def test_sleep_mode_follows_trls_sequence(ranks):
+    got, full = ranks
+    push = [("load_weights", name) for name, _ in full.named_parameters()] + [("reset_prefix_cache",)]
+    for rank in got:
+        tp = rank["tp"]
+        assert tp["kwargs"]["enable_sleep_mode"] and tp["kwargs"]["logprobs_mode"] == "processed_logprobs"
+        assert tp["events"] == [
+            ("sleep", 2),  # right after it is built
+            ("wake_up", ("weights",)), *push,  # each push wakes the weights first
+            ("wake_up", ("kv_cache",)), ("generate", 5), ("sleep", 2),  # each generate wakes the cache, then sleeps
+            ("wake_up", ("weights",)), *push,
+        ]
+        assert rank["refused_asleep"]  # level 2 discarded the weights: generate waits for a push
+        assert rank["solo"]["events"] == [*push, ("generate", len(tp["response_ids"]))]  # no sleep: no wake
+        assert not rank["solo"]["kwargs"]["enable_sleep_mode"]
+
+
+# --- real vLLM ----------------------------------------------------------------------------------------------
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
                     reason="needs a CUDA GPU and the gpu extra (vllm)")
-def test_vllm_greedy_matches_hf_greedy_and_logprobs_match_a_forward():
+def test_vllm_after_a_push_matches_hf_greedy_and_logprobs_match_a_forward():
+    """Sleep mode on (TRL's sequence), the weights moved away from the checkpoint vLLM loaded, pushed through
+    the plain engine: greedy tokens equal ``hf``'s on the moved model, log-probs equal a forward's."""
     from core.models.logprobs import response_logprobs
     from core.rollout import Sampling, build_rollout
+    from core.training.engine import build_train_engine
     from tests.helpers import tiny_model
 
     model, tok = tiny_model()
     model = model.cuda()
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["1+2=", "10+20=", "99+1="]]
     sp = Sampling(max_new_tokens=8, temperature=0.0)
-    vllm = build_rollout("vllm", model, tok, schema.node(schema.RolloutConfig, {"vllm": {"dtype": "float32"}}))
+    vllm = build_rollout("vllm", model, tok, schema.node(schema.RolloutConfig, {
+        "vllm": {"dtype": "float32", "enable_sleep_mode": True}}))
+    with torch.no_grad():
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen, device="cuda"))
+    optim = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}})
+    engine = build_train_engine(model, optim, schema.node(schema.ZeroConfig), 1, 1, 1, torch.device("cuda"))
+    vllm.sync_weights(engine)
     hf = build_rollout("hf", model, tok, schema.node(schema.RolloutConfig))
     a, b = vllm.generate(prompts, sp), hf.generate(prompts, sp)
     assert a.response_ids.tolist() == b.response_ids.tolist()

@@ -128,8 +128,10 @@ class VllmConfig:
     gpu_memory_utilization: float = ck(0.3, lambda v: None if 0 < v <= 1 else "a fraction in (0, 1]")
     tensor_parallel_size: int = ck(1, POS)
     max_model_len: Optional[int] = ck(None, OPT_POS)
-    seed: int = ck(0, NONNEG)
+    seed: int = ck(0, NONNEG)  # rank r samples with seed + r // tensor_parallel_size
     enable_prefix_caching: bool = True
+    enable_sleep_mode: bool = False
+    sleep_level: int = ck(2, one_of(1, 2))
 
 
 @dataclass

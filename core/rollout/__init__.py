@@ -1,9 +1,16 @@
 """Rollout engines: sample completions for a batch of prompts, keyed by config name (``rollout.engine``).
 
 ``hf`` (Hugging Face ``generate`` on the training model, any device) is here; ``vllm``
-(:mod:`core.rollout.vllm`, GPU only) is imported when asked for. Every engine takes
-``(model, tokenizer, rollout_cfg)``, has ``sync_weights(model)`` and ``generate(prompts, sampling)``, and
-returns a :class:`core.rollout.batch.RolloutBatch`.
+(:mod:`core.rollout.vllm`, GPU only) is imported when asked for. Every engine is built from
+``(model, tokenizer, rollout_cfg)``, and the loop calls the same members on each:
+
+- ``sync_weights(engine)``: the optimiser engine's current weights into the sampler (``hf``: nothing to
+  copy; ``vllm``: pushed one parameter at a time, each gathered alone under ZeRO-3). Every rank calls it;
+- ``gathers_policy``: the loop holds the policy gathered whole around ``generate`` under ZeRO-3
+  (``engine.gathered``); true only for ``hf`` with ``rollout.gather_for_generation``;
+- ``collective``: ``generate`` takes part in collectives, so every rank calls it, with a stand-in prompt
+  when it has none (``hf`` on partitioned ZeRO-3 weights, ``vllm`` with tensor parallelism);
+- ``generate(prompts, sampling)``: a :class:`core.rollout.batch.RolloutBatch`.
 """
 from __future__ import annotations
 

@@ -61,9 +61,15 @@ class HFGenerateRollout:
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = int(cfg.generation_batch_size)
         self.eos_ids = eos_token_ids(tokenizer, model)
+        self.gathers_policy = bool(cfg.gather_for_generation)  # ZeRO-3: the loop gathers it whole around generate
 
-    def sync_weights(self, model) -> None:
-        self.model = model  # same process, same tensors: nothing to copy
+    @property
+    def collective(self) -> bool:
+        """``generate`` gathers layer by layer (ZeRO-3, not gathered whole), so every rank must call it."""
+        return _partitioned(self.model)
+
+    def sync_weights(self, engine) -> None:
+        self.model = engine.module  # same process, same tensors: nothing to copy
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> RolloutBatch:

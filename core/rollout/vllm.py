@@ -1,31 +1,50 @@
 """vLLM rollout engine (``rollout.engine=vllm``; GPU only, ``pip install -e '.[gpu]'``).
 
-A colocated in-process ``vllm.LLM`` on the trainer's GPU, driven the way TRL 1.16 drives its colocate
-mode (``trl/generation/vllm_generation.py``): ``distributed_executor_backend="external_launcher"`` so
-vLLM joins the trainer's process group, prompts passed as token ids, one completion per prompt
-(groups are repeated prompts, as on the other engines), weights pushed before each rollout with
-``model_runner.model.load_weights`` and the prefix cache reset after.
+A ``vllm.LLM`` in each trainer process, on that rank's GPU, driven the way TRL 1.16 drives its colocate
+mode (``trl/generation/vllm_generation.py``, ``VLLMGeneration``):
+
+- ``distributed_executor_backend="external_launcher"``: vLLM joins the trainer's process group. Prompts go
+  in as token ids, one completion per prompt (groups are repeated prompts, as on the other engines).
+- Weights (:meth:`VLLMRollout.sync_weights`): every rank pushes into its own vLLM through
+  ``model_runner.model.load_weights``, one parameter at a time, from the optimiser engine's
+  ``named_full_parameters()``. Under ZeRO-3 that gathers each parameter alone and releases it before the
+  next (TRL: ``GatheredParameters([param])`` per parameter), so a rank holds at most one whole parameter
+  beyond its shard; the whole-model gather the ``hf`` engine generates under is never entered. Tied
+  weights go once, under the first name: ``named_parameters`` skips the tied copy, as in TRL, and vLLM's
+  ``load_weights`` skips ``lm_head`` for tied models. The prefix cache is reset after the push.
+- Tensor parallelism (``rollout.vllm.tensor_parallel_size`` = k > 1): ranks ``[0..k-1], [k..2k-1], ...``
+  form one vLLM instance each (:func:`tp_groups`, ``new_subgroups_by_enumeration`` as in TRL), and every
+  rank of a group must send it the same prompts. So each rank's prompts are all-gathered within its group
+  and generated together, and each rank keeps its own slice, in order. Counts may differ between ranks;
+  TRL slices assuming equal counts. The sampling seed is ``seed + rank // k``: a group's ranks sample
+  alike, different groups differently (TRL: ``process_index // tp``).
+- Sleep mode (``rollout.vllm.enable_sleep_mode``): the engine is built, then put to sleep. Each push first
+  wakes the weights (after ``torch.cuda.empty_cache()``). Each ``generate`` wakes the KV cache and sleeps
+  again at ``sleep_level``; at 2, TRL's level, weights and KV cache are discarded and the next push
+  refills the weights. The training phases get that memory back.
 
 Log-probs: ``logprobs_mode="processed_logprobs"``, i.e. after temperature (and top-p/top-k) processing,
 which equals the ``hf`` engine's temperature-scaled log-probs when top-p = 1 and top-k is off.
 
-How far exercised: written against the documented API and TRL's use of it; its test
-(``tests/test_rollout_vllm.py``) is marked ``gpu`` and has not run on this project's CPU machines.
+How far exercised (docs/vllm.md): on CPU, everything above runs against a recording double of
+``vllm.LLM`` (``tests/vllm_double.py``) under DeepSpeed ZeRO-3 on 2 gloo ranks. Real vLLM, NCCL and GPUs
+have not run it; its ``gpu``-marked test is written for the first GPU.
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
+import torch.distributed as dist
 
+from core.errors import InputError
 from core.rollout import register_rollout
 from core.rollout.batch import RolloutBatch, Sampling, assemble, eos_token_ids, left_pad
 
 
 def _ensure_process_group() -> None:
     """``external_launcher`` needs torch.distributed; a single process gets a world of one."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -36,53 +55,98 @@ def _ensure_process_group() -> None:
     dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
+def tp_groups(world: int, tp: int) -> list[list[int]]:
+    """Consecutive ranks in groups of ``tp``: world 8, tp 2 gives [0, 1], [2, 3], [4, 5], [6, 7]."""
+    return [list(range(start, start + tp)) for start in range(0, world, tp)]
+
+
 @register_rollout("vllm")
 class VLLMRollout:
     """``vllm.LLM`` colocated with the trainer; ``rollout.vllm`` holds its settings."""
 
-    def __init__(self, model, tokenizer, cfg):
-        from vllm import LLM
+    gathers_policy = False  # generation runs on vLLM's copy of the weights, never on the training model
 
-        if not torch.cuda.is_available():
-            raise RuntimeError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
+    def __init__(self, model, tokenizer, cfg, vllm=None):
+        """``vllm``: the module providing ``LLM`` and ``SamplingParams``; None imports vLLM (tests pass a double)."""
+        if vllm is None:
+            if not torch.cuda.is_available():
+                raise RuntimeError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
+            vllm = importlib.import_module("vllm")
+        if hasattr(model, "peft_config"):  # TRL merges adapters under a whole-model gather; no RL policy here is one
+            raise NotImplementedError("rollout.engine=vllm with a PEFT policy: adapters would be pushed unmerged")
         _ensure_process_group()
-        v = cfg.vllm
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_token_ids(tokenizer, model)
-        self.llm = LLM(
+        v, rank, world = cfg.vllm, dist.get_rank(), dist.get_world_size()
+        tp = int(v.tensor_parallel_size)
+        if world % tp:
+            raise InputError(f"rollout.vllm.tensor_parallel_size={tp} must divide the number of ranks ({world})")
+        # collective on every rank, groups or not
+        self.tp_group = dist.new_subgroups_by_enumeration(tp_groups(world, tp))[0] if tp > 1 else None
+        self.collective = tp > 1  # a group's ranks generate together: each must call generate, prompts or not
+        self.sleep_level = int(v.sleep_level) if v.enable_sleep_mode else 0  # 0: never asleep
+        self._vllm, self.tokenizer, self.eos_ids = vllm, tokenizer, eos_token_ids(tokenizer, model)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
+            torch.device("cpu")
+        self.llm = vllm.LLM(
             model=model.name_or_path,
             dtype=str(v.dtype),
             gpu_memory_utilization=float(v.gpu_memory_utilization),
-            tensor_parallel_size=int(v.tensor_parallel_size),
+            tensor_parallel_size=tp,
             max_model_len=v.max_model_len,
             distributed_executor_backend="external_launcher",
-            seed=int(v.seed),
+            seed=int(v.seed) + rank // tp,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=bool(v.enable_prefix_caching),
+            enable_sleep_mode=bool(v.enable_sleep_mode),
         )
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)
+        self._weights_asleep = bool(self.sleep_level)
 
-    def sync_weights(self, model) -> None:
-        """Push the trainer's current weights into vLLM (names as in the HF state dict)."""
+    def sync_weights(self, engine) -> None:
+        """Push the optimiser engine's current weights into vLLM, one parameter at a time. Collective under
+        ZeRO-3: every rank calls it and walks every parameter."""
+        if self.sleep_level:
+            torch.cuda.empty_cache()  # as TRL: the trainer's cached blocks would crowd the weights waking up
+            self.llm.wake_up(tags=["weights"])
+            self._weights_asleep = False
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
         with torch.no_grad():
-            for name, param in model.named_parameters():
-                runner.model.load_weights([(name, param.data)])
+            for name, tensor in engine.named_full_parameters():
+                runner.model.load_weights([(name, tensor)])
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> RolloutBatch:
-        from vllm import SamplingParams
-
+        if self._weights_asleep:
+            raise RuntimeError("vLLM's weights are asleep: call sync_weights(engine) before generate")
         greedy = sampling.temperature <= 0
-        params = SamplingParams(
+        params = self._vllm.SamplingParams(
             n=1, temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
             top_k=-1 if greedy or sampling.top_k <= 0 else sampling.top_k, max_tokens=sampling.max_new_tokens,
             logprobs=0, stop_token_ids=self.eos_ids, skip_special_tokens=False,
         )
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=params, use_tqdm=False)
+        group_prompts, mine = gather_in_group(prompts, self.tp_group)
+        if self.sleep_level:
+            self.llm.wake_up(tags=["kv_cache"])
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in group_prompts], sampling_params=params,
+                                 use_tqdm=False)[mine]
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)
+            self._weights_asleep = True
         resp = [list(o.outputs[0].token_ids) for o in outs]
         lps = [[_chosen_logprob(step, tok) for step, tok in zip(o.outputs[0].logprobs or [], r)]
                for o, r in zip(outs, resp)]
-        return _to_rollout(prompts, resp, lps, self.eos_ids, self.tokenizer.pad_token_id, torch.cuda.current_device())
+        return _to_rollout(prompts, resp, lps, self.eos_ids, self.tokenizer.pad_token_id, self.device)
+
+
+def gather_in_group(prompts: list[list[int]], group) -> tuple[list[list[int]], slice]:
+    """The prompts of every rank of ``group`` in rank order, and where this rank's lie among them (ranks
+    may hold different counts). ``group`` None: this rank's alone."""
+    if group is None:
+        return prompts, slice(0, len(prompts))
+    parts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, prompts, group=group)
+    start = sum(len(p) for p in parts[:dist.get_rank(group)])
+    return [p for part in parts for p in part], slice(start, start + len(prompts))
 
 
 def _chosen_logprob(step: dict, token: int) -> float:

@@ -13,6 +13,9 @@ Both expose the same calls, so a loop never branches on the backend:
   micro-batches (clip, step, schedule, zero);
 - ``engine.gathered(enabled)``: a context in which ``engine.module`` holds its full parameters on every rank,
   for generation (ZeRO-3 partitions them; TRL's ``unwrap_model_for_generation`` does the same);
+- ``engine.named_full_parameters()``: ``(name, full tensor)`` of every parameter, tied ones once, for a
+  weight push (vLLM); under ZeRO-3 each is gathered alone while the caller holds it (collective: every rank
+  walks them all, in the same order);
 - ``engine.save_state(dir)/load_state(dir)`` and ``engine.save_pretrained(dir)`` for checkpoints
   (collective: every rank calls them; rank 0 writes what is not sharded).
 
@@ -171,6 +174,10 @@ class TorchEngine:
 
     def gathered(self, enabled: bool = True):
         return contextlib.nullcontext()
+
+    def named_full_parameters(self):
+        for name, param in self.module.named_parameters():
+            yield name, param.detach()
 
     def step(self) -> dict[str, float]:
         if self._micro != self.grad_accum:
@@ -332,6 +339,15 @@ class DeepSpeedEngine:
         if self.engine.zero_optimization_stage() != 3 or not enabled:
             return contextlib.nullcontext()
         return _zero3_gathered(self.engine)
+
+    def named_full_parameters(self):
+        """ZeRO-3: each parameter gathered alone and partitioned again before the next (TRL's weight push to
+        vLLM), so a rank holds at most one whole parameter beyond its shard; stages 1-2 hold them whole."""
+        import deepspeed
+
+        for name, param in self.module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param]):  # a no-op for a parameter ZeRO does not partition
+                yield name, param.data
 
     def backward(self, loss: torch.Tensor) -> None:
         # The loss already carries its accumulation normaliser: stop DeepSpeed dividing by GAS again.
