@@ -17,7 +17,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
-from core.config.validate import final_config
+from core.config.validate import ConfigError, final_config, rm_batch_problems
 from core.config.resume import check_resume_config, write_config
 from core.data import preferences as PD
 from core.data.prompts import DataError, PromptSampler
@@ -105,9 +105,9 @@ def plan_batches(t, num_pairs: int) -> dict:
     """Optimiser steps and accumulation from the global batch; clear errors before any model."""
     world = distributed.world()
     batch, micro = int(t.batch_size), int(t.micro_batch_size)
-    if batch % (micro * world):
-        raise ValueError(f"train.batch_size={batch} is not a multiple of micro_batch_size x world "
-                         f"= {micro} x {world}")
+    problems = rm_batch_problems(t, world)
+    if problems:
+        raise ConfigError(problems[0])
     steps = int(t.epochs) * (num_pairs // batch)  # both sources floor: len(data) // batch_size
     if t.max_steps:
         steps = min(steps, int(t.max_steps))

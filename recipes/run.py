@@ -55,6 +55,9 @@ def _quiet() -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
+    from core.launch import export_submitit_ranks
+
+    export_submitit_ranks()  # a rank started as a submitit task (hydra/launcher=slurm): RANK, WORLD_SIZE, ...
     _quiet()
     set_cpu_threads(int(cfg.cpu_threads))
     return run(cfg)
@@ -105,11 +108,13 @@ def cli() -> None:
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
     from core.errors import InputError
+    from core.launch import check_multirun
 
     if _print_job_config(sys.argv[1:]):
         return
     os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach this function, which prints input errors briefly
     try:
+        check_multirun(sys.argv[1:])  # what a submitit launcher cannot start, before it submits anything
         main()
     except ConfigCompositionException as e:
         cause = e.__cause__

@@ -31,13 +31,13 @@ def register_resolvers() -> None:
     store()
     for name, fn in (("root", lambda: str(PROJECT_ROOT)), ("run_id", run_id)):
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn)
+            OmegaConf.register_new_resolver(name, fn, use_cache=True)  # cached in the config: it travels with it
 
 
 def compose(overrides: list[str], with_hydra: bool = False):
     """The primary config with ``overrides``, as ``python -m recipes.run`` would compose it. ``with_hydra``:
     Hydra's own config is composed too and set as this process's ``HydraConfig``, so ``${hydra:...}``
-    interpolations (``recipe_name``) resolve, as they do in a run."""
+    interpolations (``recipe_name``) resolve, as they do in a run, and its run and sweep dirs are resolved."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
@@ -47,6 +47,8 @@ def compose(overrides: list[str], with_hydra: bool = False):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
     if with_hydra:
+        for node in (cfg.hydra.run, cfg.hydra.sweep):  # resolved while the job keys they name are here
+            node.dir = str(node.dir)
         HydraConfig.instance().set_config(cfg)
         with open_dict(cfg):
             del cfg["hydra"]

@@ -3,8 +3,9 @@
 ``scale=full`` leaves the recipe as published. ``scale=tiny`` swaps the model for a locally built
 tiny model of the same architecture class, divides prompts per step by one factor ``k`` and the
 mini-batch by the same factor (so optimiser steps per RL step are kept), keeps the number of
-accumulated micro-batches where it still divides, caps lengths, and points data at local files
-(the data config's ``tiny`` node) when the recipe reads from the hub.
+accumulated micro-batches where it still divides, caps lengths, points data at local files
+(the data config's ``tiny`` node) when the recipe reads from the hub, and collapses the layout to the
+machine at hand (one node, every rank a learner, generation colocated: core/config/layout.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import copy
 
 from omegaconf import OmegaConf
 
+from core.config.layout import collapse, world_size
 from core.registry import Registry
 
 # Per-loop batch shrinking (``loop`` -> fn(cfg, scale) mutating cfg.train in place).
@@ -47,10 +49,11 @@ def shrink_batches(t, s) -> dict:
             "logprob_micro_batch_size": min(int(t.logprob_micro_batch_size), samples)}
 
 
-def apply_scale(cfg, keep: tuple[str, ...] = ()):
+def apply_scale(cfg, keep: tuple[str, ...] = (), world: int | None = None):
     """Return ``cfg`` shrunk by ``cfg.scale`` (a copy with its schema types; the input is not modified).
     The values of ``keep`` (the keys set on the command line, :func:`command_line_keys`) are the user's:
-    the scale does not change them (``scale=tiny train.total_steps=10`` runs 10 steps)."""
+    the scale does not change them (``scale=tiny train.total_steps=10`` runs 10 steps). ``world``: the ranks
+    the layout collapses to (default: this process's, WORLD_SIZE)."""
     if cfg.scale.name == "full":
         return cfg
     cfg = copy.deepcopy(cfg)
@@ -64,6 +67,7 @@ def apply_scale(cfg, keep: tuple[str, ...] = ()):
     if cfg.data.tiny:  # local stand-ins for a hub dataset
         cfg.data = OmegaConf.merge(cfg.data, cfg.data.tiny)
     SHRINKERS.get(cfg.loop)(cfg, s)
+    cfg.layout.update(collapse(world_size() if world is None else world))
     for key, value in kept.items():
         OmegaConf.update(cfg, key, value, merge=False)
     return cfg

@@ -56,6 +56,7 @@ class Config:
     train: Any = None
     logger: Any = None
     scale: Any = None
+    layout: Any = None
 
 
 # --- model, data ------------------------------------------------------------------------------------------
@@ -381,6 +382,27 @@ class ScaleConfig:
     model: Optional[Dict[str, Any]] = None
 
 
+@dataclass
+class ServerConfig:
+    """Where the trainer finds the generation server of ``layout.mode=dedicated`` (TRL GRPOConfig defaults)."""
+
+    host: str = "0.0.0.0"
+    port: int = ck(8000, between(1, 65535))
+    timeout_s: float = ck(240.0, above(0))
+
+
+@dataclass
+class LayoutConfig:
+    """GPUs of a run and who uses them (core/config/layout.py checks the combinations)."""
+
+    mode: str = ck("colocate", registered("core.config.layout", "MODES"))
+    nodes: int = ck(1, POS)
+    gpus_per_node: int = ck(1, POS)
+    learner_gpus: int = ck(1, POS)
+    rollout_gpus: int = ck(0, NONNEG)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+
 # group/name under ``schema/`` -> dataclass; a group YAML names one in its defaults list.
 SCHEMAS: dict[str, type] = {
     "config": Config,
@@ -401,6 +423,7 @@ SCHEMAS: dict[str, type] = {
     "train/rm": RMTrainConfig,
     "logger/logger": LoggerConfig,
     "scale/scale": ScaleConfig,
+    "layout/layout": LayoutConfig,
 }
 
 

@@ -1,5 +1,6 @@
 """Config checks that run before any model is built: the schema (types, ranges, unknown keys), inputs
-(model paths, the results dir), batch arithmetic and incompatible combinations.
+(model paths, the results dir), the layout (core/config/layout.py), batch arithmetic and incompatible
+combinations.
 
 Every problem found is collected and raised together, each naming the keys and values that clash.
 """
@@ -14,22 +15,30 @@ from omegaconf import OmegaConf
 
 from core.algorithms.advantage import ADVANTAGES
 from core.algorithms.kl_control import KL_CONTROLLERS
+from core.config.layout import layout_problems, world_size
 from core.config.scale import apply_scale, command_line_keys
 from core.config.schema import check_schema
 from core.errors import InputError
 from core.models.loading import model_source_problem
+from core.registry import Registry
 
 
 class ConfigError(InputError):
     """A config that cannot run; the message lists every problem found."""
 
 
-def final_config(cfg):
+def final_config(cfg, world: int | None = None):
     """The config a loop runs, checked before anything else: ``scale`` applied (keys set on the command line
     kept as given), then every key against its schema (unknown keys, types, ranges: core/config/schema.py),
-    the settings both loops share, and a writable results table. Raises :class:`ConfigError`."""
-    cfg = apply_scale(cfg, command_line_keys())
+    the layout against the ``world`` ranks it runs on (default: this process's WORLD_SIZE), the loop's
+    batches split over the layout's learners, the settings both loops share, and a writable results table.
+    Raises :class:`ConfigError`."""
+    world = world_size() if world is None else world
+    cfg = apply_scale(cfg, command_line_keys(), world)
     errors = check_schema(cfg)
+    if not any(e.startswith(("layout.", "train.")) for e in errors):  # the checks below divide by these
+        errors += layout_problems(cfg, world)
+        errors += BATCH_SPLITS.get(cfg.loop)(cfg.train, int(cfg.layout.learner_gpus))
     zero = cfg.zero
     for key in ("offload_param", "offload_reference"):
         if zero[key] and int(zero.stage) != 3:
@@ -169,6 +178,38 @@ def rl_batch_plan(cfg, world_size: int = 1) -> dict[str, int]:
     }
 
 
+# How each loop's batches divide over its ranks (``loop`` -> fn(train cfg, world) -> problems): the one place
+# for that arithmetic, run by final_config with the layout's learner count and by the loops with the world
+# they were started in.
+BATCH_SPLITS: Registry = Registry("batch split")
+
+
+@BATCH_SPLITS.register("rl")
+def rl_batch_problems(t, world: int) -> list[str]:
+    """An RL step's completions split into whole mini-batches; each rank takes whole groups of prompts and an
+    equal share of every mini-batch in whole micro-batches (recipes/rl.py)."""
+    samples, errors = int(t.prompts_per_step) * int(t.group_size), []
+    if samples % int(t.mini_batch_size):
+        errors.append(f"train.prompts_per_step x train.group_size = {t.prompts_per_step} x {t.group_size} = "
+                      f"{samples} completions is not divisible by train.mini_batch_size={t.mini_batch_size}")
+    if int(t.prompts_per_step) % world:
+        errors.append(f"train.prompts_per_step={t.prompts_per_step} is not divisible by the world size "
+                      f"{world}: each rank takes whole groups of prompts")
+    if int(t.mini_batch_size) % (int(t.micro_batch_size) * world):
+        errors.append(f"train.mini_batch_size={t.mini_batch_size} is not divisible by train.micro_batch_size x "
+                      f"world size = {t.micro_batch_size} x {world}")
+    return errors
+
+
+@BATCH_SPLITS.register("rm")
+def rm_batch_problems(t, world: int) -> list[str]:
+    """A reward-model step of ``batch_size`` pairs splits into whole micro-batches on every rank (recipes/rm.py)."""
+    batch, micro = int(t.batch_size), int(t.micro_batch_size)
+    if batch % (micro * world):
+        return [f"train.batch_size={batch} is not a multiple of micro_batch_size x world = {micro} x {world}"]
+    return []
+
+
 def _raise(errors: list[str]) -> None:
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
@@ -189,7 +230,6 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
     _check_loss(cfg, errors)
     _check_placement(cfg, errors)
     _check_verifier(cfg, errors)
-    samples = int(t.prompts_per_step) * int(t.group_size)
     known = cfg.advantage.name in ADVANTAGES
     if known:
         _check_critic(cfg, errors)
@@ -203,15 +243,7 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
                       f"advantage.name={cfg.advantage.name} does not support; use one of "
                       f"{[n for n in ADVANTAGES.names() if ADVANTAGES.meta(n).get('excludes_nan')]} or "
                       f"none_reward=mask|zero")
-    if samples % int(t.mini_batch_size):
-        errors.append(f"train.prompts_per_step x train.group_size = {t.prompts_per_step} x {t.group_size} = "
-                      f"{samples} completions is not divisible by train.mini_batch_size={t.mini_batch_size}")
-    if int(t.prompts_per_step) % world_size:
-        errors.append(f"train.prompts_per_step={t.prompts_per_step} is not divisible by the world size "
-                      f"{world_size}: each rank takes whole groups of prompts")
-    if int(t.mini_batch_size) % (int(t.micro_batch_size) * world_size):
-        errors.append(f"train.mini_batch_size={t.mini_batch_size} is not divisible by train.micro_batch_size x "
-                      f"world size = {t.micro_batch_size} x {world_size}")
+    errors += rl_batch_problems(t, world_size)
     if num_train_rows is not None and int(t.prompts_per_step) > num_train_rows:
         errors.append(f"train.prompts_per_step={t.prompts_per_step} is larger than the training set "
                       f"({num_train_rows} rows after filtering)")

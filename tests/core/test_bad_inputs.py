@@ -109,7 +109,8 @@ def test_every_config_option_matches_its_schema(compose_cfg):
     from core.paths import CONF_DIR
 
     count = 0
-    for group in sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("recipe", "debug")):
+    skip = ("recipe", "debug", "local", "hydra")  # global diffs, per-machine files, Hydra's own groups
+    for group in sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in skip):
         for option in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
             loop = ["recipe=tiny_rm"] if option.startswith("pairs") or option in ("rm",) or "_rm" in option else []
             cfg = compose_cfg(*loop, f"{group}={option}")
@@ -119,7 +120,7 @@ def test_every_config_option_matches_its_schema(compose_cfg):
     for recipe in sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml")):
         assert schema.check_schema(compose_cfg(f"recipe={recipe}")) == [], recipe
         count += 1
-    assert count >= 35
+    assert count >= 47  # with the 6 layouts of issue 18
 
 
 def test_scale_keeps_what_the_command_line_sets(compose_cfg):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
 from core.config import schema
-from core.config.resume import check_resume_config
+from core.config.resume import check_resume_config, write_config
 from core.training.checkpoint import ResumeError
 from core.training.engine import build_train_engine
 
@@ -41,7 +40,7 @@ def test_retune_puts_the_new_learning_rate_at_the_schedule_step(tmp_path):
 
 def test_an_optimiser_change_is_refused_unless_allowed(compose_cfg, tmp_path):
     saved = compose_cfg("recipe_name=x", "optim.optimizer.lr=1e-4")
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(schema.OmegaConf.to_container(saved)))
+    write_config(tmp_path, saved)  # resolved, as a run writes it
     changed = compose_cfg("recipe_name=x", "optim.optimizer.lr=1e-3")
     with pytest.raises(ResumeError, match=r"optim.optimizer.lr: 0.0001 -> 0.001[\s\S]*resume_allow_changes=true"):
         check_resume_config(tmp_path, changed)

@@ -1,0 +1,121 @@
+"""The ``layout`` group (conf/layout/, core/config/layout.py): every option composes and validates in the world
+it asks for and expresses its source; each impossible layout is refused by ``final_config``, before any model,
+naming the keys, the values and what was expected; ``scale=tiny`` collapses every layout to the machine at hand;
+the RL batch arithmetic divides over the layout's learners."""
+from __future__ import annotations
+
+import pytest
+
+from core.config.layout import MODES, engines
+from core.config.scale import apply_scale
+from core.config.validate import ConfigError, final_config
+from core.launch import placement
+from core.paths import CONF_DIR
+
+LAYOUTS = sorted(p.stem for p in (CONF_DIR / "layout").glob("*.yaml"))
+
+# Each source's layout as the (later) recipe selects it: option, the TP the recipe sets, and what it must give:
+# (learners, engines, learner nodes, ranks per learner node, rollout node, rollout devices on it).
+SOURCES = {
+    "single": ([], (1, 1, 1, 1, 1, "")),
+    "colocate": ([], (8, 8, 1, 8, 1, "")),  # OpenRLHF hybrid engine 1x8 (its 4 x TP 2 engines: TP=2 below)
+    "dedicated": ([], (7, 1, 1, 7, 0, "7")),  # Open-Instruct 8B RLVR; Open-R1 Math-7B 7+1
+    "open_instruct_70b": (["rollout.vllm.tensor_parallel_size=4"], (40, 1, 5, 8, 5, "0,1,2,3")),
+    "open_r1_2node": ([], (8, 8, 1, 8, 1, "0,1,2,3,4,5,6,7")),  # trl vllm-serve --dp 8 --tp 1 on node 2
+    "simplerl_zoo_2node": (["rollout.vllm.tensor_parallel_size=2"], (16, 8, 2, 8, 2, "")),
+}
+
+
+def _batches(learners: int) -> list[str]:
+    """RL batch sizes that divide over ``learners`` ranks (2 prompts x 8 completions per rank, one optimiser
+    step per RL step, 16-completion micro-batches)."""
+    return [f"train.prompts_per_step={2 * learners}", "train.group_size=8", f"train.mini_batch_size={16 * learners}",
+            "train.micro_batch_size=16"]
+
+
+def test_discovery_found_every_layout_and_mode():
+    assert LAYOUTS == sorted(SOURCES) and len(LAYOUTS) == 6
+    assert MODES.names() == ["colocate", "dedicated"]
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_every_layout_validates_in_its_world_and_places_its_source(compose_cfg, monkeypatch, name):
+    overrides, (learners, n_engines, learner_nodes, nproc, rollout_node, rollout_devices) = SOURCES[name]
+    monkeypatch.setenv("WORLD_SIZE", str(learners))  # what torchrun (or the submitit export) gives each rank
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(learners))
+    vllm = ["rollout=vllm"] if overrides else []
+    cfg = final_config(compose_cfg(f"layout={name}", *vllm, *overrides, *_batches(learners)))
+    assert int(cfg.layout.learner_gpus) == learners and engines(cfg) == n_engines
+    where = placement(cfg)
+    assert (where["LEARNER_NODES"], where["NPROC_PER_NODE"]) == (learner_nodes, nproc)
+    assert (where["ROLLOUT_NODE"], where["ROLLOUT_DEVICES"]) == (rollout_node, rollout_devices)
+
+
+# overrides, the world the ranks run in, a fragment of the refusal: one case per check of layout_problems.
+BAD = [
+    (["layout=colocate", "layout.learner_gpus=16"], 16,
+     "layout.learner_gpus=16 is more GPUs than layout.nodes x layout.gpus_per_node = 1 x 8 = 8"),
+    (["layout=colocate", "rollout=vllm", "rollout.vllm.tensor_parallel_size=16"], 8,
+     "rollout.vllm.tensor_parallel_size=16 is larger than layout.gpus_per_node=8: a tensor-parallel engine runs "
+     "within one node"),
+    (["layout=dedicated", "layout.rollout_gpus=2"], 7,
+     "layout.learner_gpus + layout.rollout_gpus = 7 + 2 = 9 GPUs do not fit in layout.nodes x layout.gpus_per_node "
+     "= 1 x 8 = 8: the rollout GPUs would overlap the learners' without colocation"),
+    (["layout=open_instruct_70b", "layout.rollout_gpus=3", "rollout=vllm", "rollout.vllm.tensor_parallel_size=2"], 40,
+     "layout.rollout_gpus=3 is not a multiple of rollout.vllm.tensor_parallel_size=2: each vLLM engine takes 2 of "
+     "the rollout GPUs"),
+    (["layout=colocate", "layout.learner_gpus=6", "rollout=vllm", "rollout.vllm.tensor_parallel_size=4"], 6,
+     "layout.learner_gpus=6 is not a multiple of rollout.vllm.tensor_parallel_size=4"),
+    (["layout=colocate"], 1, "layout.learner_gpus=8 but this run has 1 rank(s) (no WORLD_SIZE: one process)"),
+    (["layout=colocate"], 4, "layout.learner_gpus=8 but this run has 4 rank(s) (WORLD_SIZE=4)"),
+    (["layout=colocate", "layout.rollout_gpus=1"], 8, "layout.rollout_gpus=1 with layout.mode=colocate"),
+    (["layout=dedicated", "layout.rollout_gpus=0"], 7, "layout.mode=dedicated with layout.rollout_gpus=0"),
+    (["layout=simplerl_zoo_2node", "layout.learner_gpus=12"], 12,
+     "layout.learner_gpus=12 spans nodes but is not a multiple of layout.gpus_per_node=8"),
+    (["layout=dedicated"], 7, "train.prompts_per_step=16 is not divisible by the world size 7"),
+    (["layout.mode=hybrid"], 1, "layout.mode='hybrid': expected one of ['colocate', 'dedicated']"),
+    (["layout.server.port=0"], 1, "layout.server.port=0: expected a number in [1, 65535]"),
+    (["layout.server.timeout_s=0"], 1, "layout.server.timeout_s=0.0: expected a number > 0"),
+]
+
+
+@pytest.mark.parametrize("overrides, world, message", BAD)
+def test_an_impossible_layout_is_refused_naming_keys_values_and_expectation(compose_cfg, monkeypatch, overrides,
+                                                                              world, message):
+    if world == 1:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+    with pytest.raises(ConfigError) as e:
+        final_config(compose_cfg(*overrides))
+    assert message in str(e.value)
+
+
+def test_the_cases_cover_every_check():
+    assert len(BAD) == 14 and len({tuple(o) for o, _, _ in BAD}) == 13  # colocate's world checked twice
+
+
+def test_the_batch_split_uses_the_layouts_learners_not_the_process(compose_cfg, monkeypatch):
+    """``final_config`` divides the batches over ``layout.learner_gpus``, as each of those ranks will."""
+    monkeypatch.setenv("WORLD_SIZE", "7")
+    final_config(compose_cfg("layout=dedicated", *_batches(7)))
+    with pytest.raises(ConfigError, match=r"train.mini_batch_size=112 is not divisible by train.micro_batch_size x "
+                                          r"world size = 32 x 7"):
+        final_config(compose_cfg("layout=dedicated", *_batches(7)[:3], "train.micro_batch_size=32"))
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_tiny_scale_collapses_every_layout_to_the_machine(compose_cfg, monkeypatch, name):
+    for world in (1, 2):
+        cfg = apply_scale(compose_cfg(f"layout={name}", "scale=tiny"), world=world)
+        lay = {k: cfg.layout[k] for k in ("mode", "nodes", "gpus_per_node", "learner_gpus", "rollout_gpus")}
+        assert lay == {"mode": "colocate", "nodes": 1, "gpus_per_node": world, "learner_gpus": world,
+                       "rollout_gpus": 0}, name
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    final_config(compose_cfg(f"layout={name}", "scale=tiny"))  # runs as one process
+
+
+def test_tiny_scale_keeps_a_layout_key_set_on_the_command_line(compose_cfg):
+    cfg = apply_scale(compose_cfg("layout=colocate", "scale=tiny", "layout.learner_gpus=2"), ("layout.learner_gpus",),
+                      world=2)
+    assert cfg.layout.learner_gpus == 2 and cfg.layout.nodes == 1

@@ -1,0 +1,289 @@
+"""Multi-node launch through existing tools (core/launch.py, conf/hydra/launcher/, launch/slurm.sbatch), on a CPU
+machine without Slurm: the launcher configs compose and render the sbatch file submitit would submit; a Slurm
+submission without site settings, or with a layout the launcher cannot start, is refused before submitting; a
+submitit task gets its rank variables; submitit's LocalExecutor runs a 2-rank job end to end; the sbatch script
+parses and, with stand-ins for ``srun``/``scontrol``/``curl`` on PATH (test doubles), renders its job steps."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+
+from core.config.composition import register_resolvers
+from core.config.validate import ConfigError, final_config
+from core.launch import check_multirun, export_submitit_ranks, launch_problems, plan
+from core.paths import CONF_DIR, PROJECT_ROOT
+from tests.helpers import CLI_ENV, FAST, cli_command, results
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the slurm extra (pip install -e '.[slurm]')")
+register_resolvers()  # and the typed schema, which conf/ names, for the tests that compose with Hydra directly
+
+LAUNCHERS = sorted(p.stem for p in (CONF_DIR / "hydra" / "launcher").glob("*.yaml"))
+SBATCH = PROJECT_ROOT / "launch" / "slurm.sbatch"
+SITE = ["hydra.launcher.partition=gpu", "hydra.launcher.account=rl"]
+# Test doubles for the Slurm and network commands launch/slurm.sbatch calls: srun records each job step (a
+# server step stays up for STUB_SERVE_SECONDS) and, with STUB_RUN, runs its command once per task on this
+# machine; scontrol lists STUB_HOSTS; curl answers STUB_CURL_RC.
+SRUN = """#!/bin/bash
+printf "%s\\n" "$*" >> "$STUB_LOG"
+[[ "$*" == *vllm-serve* ]] && exec sleep "${STUB_SERVE_SECONDS:-0}"
+[[ -z "${STUB_RUN:-}" ]] && exit 0
+n=1
+while [[ "$1" == --* ]]; do [[ "$1" == --ntasks=* ]] && n=${1#--ntasks=}; shift; done
+for ((i = 0; i < n; i++)); do "$@" & done
+for ((i = 0; i < n; i++)); do wait -n || exit 1; done
+"""
+STUBS = {
+    "srun": SRUN,
+    "scontrol": '#!/bin/bash\nprintf "%s\\n" $STUB_HOSTS\n',
+    "curl": '#!/bin/bash\nexit "${STUB_CURL_RC:-0}"\n',
+}
+
+
+@pytest.fixture
+def composed():
+    """``composed(*overrides)`` -> the job config, with Hydra's own (``hydra.launcher``) as this process's
+    HydraConfig; both cleared afterwards."""
+    from core.config.composition import compose
+
+    def _compose(*overrides: str):
+        GlobalHydra.instance().clear()
+        return compose(list(overrides), with_hydra=True)
+
+    yield _compose
+    GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None
+
+
+def test_discovery_found_the_launcher_configs():
+    assert LAUNCHERS == ["local_ranks", "slurm"]
+
+
+def test_the_slurm_launcher_takes_its_size_from_the_layout(composed):
+    composed("hydra/launcher=slurm", "layout=simplerl_zoo_2node", *SITE)
+    launcher = HydraConfig.get().launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (2, 8, 8)
+    assert (launcher.partition, launcher.account, launcher.timeout_min) == ("gpu", "rl", 4320)
+    composed("hydra/launcher=local_ranks", "layout.learner_gpus=2")
+    local = HydraConfig.get().launcher
+    assert local._target_.endswith("submitit_launcher.LocalLauncher") and (local.nodes, local.tasks_per_node) == (1, 2)
+
+
+def test_the_site_file_is_merged_over_the_launcher(tmp_path):
+    """conf/local/slurm/site.yaml (git-ignored; here in a copy of conf/) fills the site keys, as the template says."""
+    from hydra import compose, initialize_config_dir
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf, ignore=shutil.ignore_patterns("local"))
+    (conf / "local" / "slurm").mkdir(parents=True)
+    site = (PROJECT_ROOT / "launch" / "slurm_site.example.yaml").read_text()
+    (conf / "local" / "slurm" / "site.yaml").write_text(site.replace("partition: null", "partition: gpu-long")
+                                                        .replace("account: null", "account: rl"))
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    assert (cfg.hydra.launcher.partition, cfg.hydra.launcher.account, cfg.hydra.launcher.qos) == ("gpu-long", "rl", None)
+
+
+def test_the_slurm_launcher_renders_one_job_of_one_task_per_gpu(tmp_path, monkeypatch):
+    """The sbatch file the plugin would submit for a 2 x 8 layout (nothing is submitted: map_array is replaced,
+    and submitit's check for ``srun`` finds a test double)."""
+    import submitit
+    from hydra import compose, initialize_config_dir
+    from hydra.core.plugins import Plugins
+
+    _stubs(tmp_path, monkeypatch)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "layout=simplerl_zoo_2node", *SITE,
+                                           f"hydra.sweep.dir={tmp_path}/sweep"], return_hydra_config=True)
+    launcher = Plugins.instance().instantiate_launcher(hydra_context=None, task_function=print, config=cfg)
+    files = []
+
+    def render(executor, fn, *args):
+        files.append(executor._executor._make_submission_file_text("python -u -m submitit.core._submit X", "uid"))
+        return []
+
+    with mock.patch.object(submitit.AutoExecutor, "map_array", render):
+        assert launcher.launch([["seed=0"], ["seed=1"]], initial_job_idx=0) == []
+    lines = set(files[0].splitlines())
+    assert {"#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8", "#SBATCH --time=4320",
+            "#SBATCH --partition=gpu", "#SBATCH --account=rl", "export SUBMITIT_EXECUTOR=slurm"} <= lines, files[0]
+    assert len(files) == 1  # both Hydra jobs in one submission: a job array of two Slurm jobs
+
+
+def test_a_slurm_submission_without_site_settings_or_with_a_dedicated_server_is_refused(composed):
+    cfg = composed("hydra/launcher=slurm", "layout=open_r1_2node", "hydra.launcher.partition=null",
+                   "hydra.launcher.account=null")
+    problems = launch_problems(cfg, HydraConfig.get().launcher)
+    assert problems[0].startswith("hydra.launcher.partition and hydra.launcher.account not set: Slurm site settings "
+                                  "go in conf/local/slurm/site.yaml")
+    assert "layout.mode=dedicated: the submitit launcher starts learner ranks only" in problems[1]
+    assert "hydra.launcher.nodes x hydra.launcher.tasks_per_node = 2 x 8 = 16 tasks but layout.learner_gpus=8" in \
+        problems[2]
+    assert launch_problems(composed("hydra/launcher=slurm", "layout=simplerl_zoo_2node", *SITE),
+                           HydraConfig.get().launcher) == []
+    assert launch_problems(composed("layout=colocate"), HydraConfig.get().launcher) == []  # Hydra's basic launcher
+
+
+def test_check_multirun_looks_only_at_multiruns_and_ignores_sweeps(composed):
+    check_multirun(["hydra/launcher=slurm"])  # not a multirun: nothing is submitted, nothing to check
+    with pytest.raises(ConfigError, match="hydra.launcher.account not set"):
+        check_multirun(["-m", "hydra/launcher=slurm", "layout=simplerl_zoo_2node", "seed=0,1",
+                        "hydra.launcher.partition=gpu", "hydra.launcher.account=null"])
+
+
+def test_the_cli_refuses_to_submit_and_says_why(tmp_path):
+    cmd = cli_command(tmp_path, "hydra/launcher=slurm", "layout=simplerl_zoo_2node", "hydra.launcher.partition=null",
+                      "hydra.launcher.account=null", "seed=0,1", multirun=True)
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "ConfigError: cannot submit:\n  - hydra.launcher.partition and hydra.launcher.account not set" in proc.stderr
+    assert not (tmp_path / "sweep").exists()  # nothing was submitted
+
+
+def test_a_submitit_task_exports_its_rank_and_validates_in_that_world(composed):
+    """Task 9 of a 2 x 8 Slurm job (the variables Slurm sets, as submitit's SlurmJobEnvironment reads them)."""
+    slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "16", "SLURM_PROCID": "9",
+             "SLURM_LOCALID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_NODEID": "1"}
+    with mock.patch.dict(os.environ, slurm):  # the whole environment is restored afterwards
+        for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        export_submitit_ranks()
+        assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} \
+            == {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "gpu1"}
+        assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible  # every GPU visible; LOCAL_RANK picks one
+        final_config(composed("layout=simplerl_zoo_2node", "train.micro_batch_size=8"))
+        os.environ["WORLD_SIZE"] = "2"
+        export_submitit_ranks()  # under torchrun its variables stand
+        assert os.environ["WORLD_SIZE"] == "2" and os.environ["RANK"] == "9"
+
+
+@pytest.mark.distributed
+def test_submitit_runs_a_two_rank_job_end_to_end(tmp_path):
+    """``hydra/launcher=local_ranks``: submitit's LocalExecutor starts 2 tasks, each a rank of a gloo process group
+    (DDP on the CPU) running the Hydra job; the job's dir is the sweep's, and rank 0 writes one results row."""
+    cmd = cli_command(tmp_path, *FAST, "hydra/launcher=local_ranks", "layout.learner_gpus=2",
+                      "layout.gpus_per_node=2", "device=cpu", multirun=True, default_dirs=True)
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = results(tmp_path)
+    assert len(rows) == 1 and rows[0]["steps"] == 2, rows
+    sweep = Path(rows[0]["run_dir"]).parent
+    assert sweep.name.startswith("multirun_") and Path(rows[0]["run_dir"]).name == "0"
+    logs = sorted((sweep / ".submitit").glob("*/*_log.out"))  # one per task; the job needed WORLD_SIZE=2
+    assert [("global_rank=0(2)" in p.read_text(), "global_rank=1(2)" in p.read_text()) for p in logs] == \
+        [(True, False), (False, True)]
+
+
+def _stubs(tmp_path: Path, monkeypatch, **plan_values) -> Path:
+    """A bin dir of test doubles first on PATH; with ``plan_values``, also a stand-in Python that prints that
+    plan for ``-m core.launch``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stubs = dict(STUBS)
+    if plan_values:
+        stubs["python"] = "#!/bin/bash\ncat <<'PLAN'\n" + "\n".join(f"{k}='{v}'" for k, v in plan_values.items()) + \
+            "\nPLAN\n"
+    for name, text in stubs.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return bin_dir
+
+
+def _sbatch(tmp_path, python: str, *overrides: str, hosts: str = "gpu-a gpu-b", **env) -> subprocess.CompletedProcess:
+    """Run launch/slurm.sbatch as Slurm would on the first node of a job on ``hosts``."""
+    job = {"STUB_LOG": str(tmp_path / "steps.log"), "STUB_HOSTS": hosts, "SLURM_JOB_ID": "77",
+           "SLURM_JOB_NUM_NODES": str(len(hosts.split())), "SLURM_JOB_NODELIST": "gpu-[a-b]",
+           "SLURM_SUBMIT_DIR": str(PROJECT_ROOT), "PYTHON": python}
+    return subprocess.run(["bash", str(SBATCH), *overrides], env={**CLI_ENV, "PATH": os.environ["PATH"], **job, **env},
+                          capture_output=True, text=True, timeout=300)
+
+
+def _steps(tmp_path) -> list[str]:
+    return (tmp_path / "steps.log").read_text().splitlines()
+
+
+def test_the_sbatch_script_parses():
+    assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0
+
+
+@pytest.mark.distributed
+def test_the_sbatch_script_starts_torchrun_across_two_nodes_that_rendezvous(tmp_path, monkeypatch):
+    """The real plan (``python -m core.launch``) of a 2-node layout: one torchrun per node, c10d rendezvous at the
+    first node, every rank writing to the plan's run dir. The srun double then runs each task here, so the two
+    torchrun agents (two "nodes" on this machine) rendezvous and train one 2-rank job over gloo."""
+    _stubs(tmp_path, monkeypatch)
+    layout = ["layout=colocate", "layout.nodes=2", "layout.gpus_per_node=1", "layout.learner_gpus=2", "device=cpu"]
+    with socket.socket() as sock:  # a free port for the rendezvous (the script's default is 29500)
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    proc = _sbatch(tmp_path, sys.executable, *layout, *FAST, f"paths.results_dir={tmp_path}/results",
+                   f"hydra.run.dir={tmp_path}/run", hosts="localhost localhost", STUB_RUN="1", RDZV_PORT=str(port))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (step,) = _steps(tmp_path)
+    args = " ".join([*layout, *FAST, f"paths.results_dir={tmp_path}/results", f"hydra.run.dir={tmp_path}/run"])
+    assert step == (f"--nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist=localhost,localhost --kill-on-bad-exit=1 "
+                    f"{Path(sys.executable).parent}/torchrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d "
+                    f"--rdzv_endpoint=localhost:{port} --rdzv_id=77 -m recipes.run {args} hydra.run.dir={tmp_path}/run")
+    rows = results(tmp_path)
+    assert len(rows) == 1 and rows[0]["steps"] == 2 and rows[0]["run_dir"] == f"{tmp_path}/run"
+
+
+DEDICATED = {"NODES": 1, "GPUS_PER_NODE": 8, "LEARNER_NODES": 1, "NPROC_PER_NODE": 7,
+             "LEARNER_DEVICES": "0,1,2,3,4,5,6", "ROLLOUT_GPUS": 1, "ROLLOUT_NODE": 0, "ROLLOUT_DEVICES": "7", "TP": 1,
+             "ENGINES": 1, "SERVER_PORT": 8000, "SERVER_TIMEOUT": 1, "MODEL": "Qwen/Qwen2.5-Math-7B",
+             "RUN_DIR": "/runs/x"}
+
+
+def test_the_plan_of_a_dedicated_layout(composed):
+    """``core.launch.plan`` of Open-Instruct 8B's 7 + 1 (what the stand-in Python below prints)."""
+    values = plan(["layout=dedicated", "model.name_or_path=Qwen/Qwen2.5-Math-7B", "train.prompts_per_step=14",
+                   "train.mini_batch_size=112", "train.micro_batch_size=16", "layout.server.timeout_s=1",
+                   "hydra.run.dir=/runs/x"])
+    assert values == DEDICATED
+    with pytest.raises(ConfigError, match="layout.mode=dedicated serves model.name_or_path with trl vllm-serve"):
+        plan(["layout=dedicated", "train.prompts_per_step=14", "train.mini_batch_size=112",
+              "train.micro_batch_size=16"])
+    with pytest.raises(ConfigError, match="layout.rollout_gpus=8 from GPU 4 of node 0 spans nodes"):
+        plan(["layout=open_r1_2node", "layout.learner_gpus=4", "model.name_or_path=Qwen/Qwen2.5-Math-7B",
+              "train.micro_batch_size=32"])
+
+
+def test_the_sbatch_script_starts_the_server_and_splits_a_shared_node(tmp_path, monkeypatch):
+    _stubs(tmp_path, monkeypatch, **DEDICATED)
+    proc = _sbatch(tmp_path, "python", "layout=dedicated", hosts="gpu-a")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = _steps(tmp_path)  # the server's line may come second: its srun runs in the background
+    (server,), (learners,) = [s for s in steps if "vllm-serve" in s], [s for s in steps if "torchrun" in s]
+    assert server == ("--nodes=1 --ntasks=1 --nodelist=gpu-a --overlap env CUDA_VISIBLE_DEVICES=7 ./trl vllm-serve "
+                      "--model Qwen/Qwen2.5-Math-7B --tensor_parallel_size 1 --data_parallel_size 1 --host 0.0.0.0 "
+                      "--port 8000")
+    assert learners.startswith("--nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=gpu-a --kill-on-bad-exit=1 "
+                               "--overlap env CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 ./torchrun --nnodes=1 "
+                               "--nproc_per_node=7 --rdzv_backend=c10d --rdzv_endpoint=gpu-a:29500")
+    assert learners.endswith("-m recipes.run layout=dedicated hydra.run.dir=/runs/x layout.server.host=gpu-a")
+
+
+def test_the_sbatch_script_names_the_url_of_a_server_that_does_not_answer(tmp_path, monkeypatch):
+    _stubs(tmp_path, monkeypatch, **DEDICATED)
+    proc = _sbatch(tmp_path, "python", "layout=dedicated", hosts="gpu-a", STUB_CURL_RC="7", STUB_SERVE_SECONDS="30")
+    assert proc.returncode == 1
+    assert "the generation server did not answer at http://gpu-a:8000/health within 1s (layout.server.timeout_s)" in \
+        proc.stderr
+    assert len(_steps(tmp_path)) == 1  # no learners started
+
+
+def test_the_sbatch_script_refuses_a_job_of_the_wrong_size(tmp_path, monkeypatch):
+    _stubs(tmp_path, monkeypatch, **DEDICATED)
+    proc = _sbatch(tmp_path, "python", "layout=dedicated", hosts="gpu-a gpu-b")
+    assert proc.returncode == 1 and "this job has 2 node(s) but layout.nodes=1: sbatch --nodes=1" in proc.stderr
