@@ -167,6 +167,7 @@ def test_a_submitit_task_exports_its_rank_and_validates_in_that_world(composed):
         assert os.environ["WORLD_SIZE"] == "2" and os.environ["RANK"] == "9"
 
 
+@pytest.mark.slow  # 11-17 s: make test stays near 10 minutes
 @pytest.mark.distributed
 def test_submitit_runs_a_two_rank_job_end_to_end(tmp_path):
     """``hydra/launcher=local_ranks``: submitit's LocalExecutor starts 2 tasks, each a rank of a gloo process group
@@ -217,6 +218,7 @@ def test_the_sbatch_script_parses():
     assert subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow  # 16-19 s
 @pytest.mark.distributed
 def test_the_sbatch_script_starts_torchrun_across_two_nodes_that_rendezvous(tmp_path, monkeypatch):
     """The real plan (``python -m core.launch``) of a 2-node layout: one torchrun per node, c10d rendezvous at the
