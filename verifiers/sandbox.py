@@ -80,13 +80,13 @@ def _hidden_dirs(python: str) -> list[str]:
 _ISO_LOCK = threading.Lock()
 _PROBE = """import os
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
-print(os.getuid(), status["NoNewPrivs"].strip(), status["Seccomp"].strip(), len(os.listdir("/proc")), os.getcwd())
+print(os.getuid(), status["NoNewPrivs"].strip(), status["Seccomp"].strip())
 """
 
 
 def isolation() -> dict:
-    """Which isolation applies here: {"level", "python", "prefix", "hidden", "seccomp", "cgroup"}; detected by
-    running a probe through each candidate, strongest first, and logged once."""
+    """Which isolation applies here: {"level", "python", "prefix", "hidden", "private", "seccomp", "bpf", "cgroup"};
+    detected by running a probe through each candidate, strongest first, and logged once."""
     with _ISO_LOCK:
         return _isolation()
 
@@ -108,9 +108,10 @@ def _isolation() -> dict:
         ns = [unshare, "-n", "-p", "-i", "-f", "--kill-child", "--"]
         candidates.append({"level": "unshare", "python": sys.executable, "prefix": ns, "hidden": [], "cgroup": None})
     candidates.append({"level": "guard", "python": sys.executable, "prefix": [], "hidden": [], "cgroup": None})
+    private = [d for d in PRIVATE_DIRS if os.path.isdir(d)]
     for iso in candidates:
         for filt in ([bpf, None] if bpf is not None else [None]):
-            iso = dict(iso, seccomp=filt is not None, bpf=filt)
+            iso = dict(iso, private=private, seccomp=filt is not None, bpf=filt)
             if _probe(iso):
                 log.warning("code sandbox isolation: %s (python %s, seccomp %s, cgroup %s)", iso["level"],
                             iso["python"], "on" if filt else "OFF", iso["cgroup"] and f"v{iso['cgroup'].version}")
@@ -124,9 +125,9 @@ def _probe(iso: dict) -> bool:
     except OSError:
         return False
     fields = res.stdout.split()
-    if res.status != "ok" or len(fields) != 5:
+    if res.status != "ok" or len(fields) != 3:
         return False
-    uid, nnp, mode, _nprocs, _cwd = fields
+    uid, nnp, mode = fields
     strong = iso["level"] == "unshare+uid"
     return nnp == "1" and (mode == "2") == iso["seccomp"] and (int(uid) >= UID_BASE) == strong
 
@@ -198,7 +199,7 @@ def _run(iso: dict, code: str, stdin: str, timeout: float, mem_mb: int, fsize_mb
         strong = iso["level"] == "unshare+uid"
         with (_uid_slot() if strong else contextlib.nullcontext()) as uid, \
                 _cgroup(iso["cgroup"] if strong else None, mem_mb << 20, nproc) as cg:
-            cfg = {"uid": uid, "hidden": iso["hidden"], "private": [d for d in PRIVATE_DIRS if os.path.isdir(d)],
+            cfg = {"uid": uid, "hidden": iso["hidden"], "private": iso["private"],
                    "private_size": PRIVATE_SIZE, "quota": quota_mb << 20, "files": fdir,
                    "cgroup_procs": cg.procs_files if cg else [], "bpf": iso["bpf"],
                    "rlimits": {"RLIMIT_CPU": int(timeout) + 1, "RLIMIT_AS": mem_mb << 20,

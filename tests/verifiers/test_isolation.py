@@ -272,9 +272,7 @@ def test_levels_below_the_strongest_still_run_code(clean):
     """The fallbacks are probed the same way: a program runs and its exit status and output come back."""
     from verifiers.sandbox import _isolation
 
-    iso = _isolation()
-    for level in ({"level": "guard", "prefix": []},):
-        lower = dict(iso, **level, hidden=[], cgroup=None)
-        res = _run(lower, "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80))\nexcept OSError as e:\n"
-                   "    print('blocked', e)", "", 5.0, 512, 1, 64, 4096, {}, (), None, 1)
-        assert res.ok and res.stdout.startswith("blocked"), res
+    guard = dict(_isolation(), level="guard", prefix=[], hidden=[], cgroup=None)
+    res = _run(guard, "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80))\nexcept OSError as e:\n"
+               "    print('blocked', e)", "", 5.0, 512, 1, 64, 4096, {}, (), None, 1)
+    assert res.ok and res.stdout.startswith("blocked"), res
