@@ -10,12 +10,13 @@ MASTER_ADDR, MASTER_PORT), so the loop (core/training/distributed.py) cannot tel
   (facebookincubator/submitit docs/examples/torch_distributed.py); the answer in submitit issue #1764 is not to
   run torchrun inside submitit tasks.
 - ``sbatch launch/slurm.sbatch``: one task per node running torchrun with a c10d rendezvous at the first node
-  (torchtune recipes/dev/multinode_grpo.sbatch, Open-R1 slurm/train.slurm), plus a ``trl vllm-serve`` generation
-  server on the rollout GPUs of a dedicated layout. ``python -m core.launch [overrides]`` prints its plan
-  (:func:`plan`) as shell variables, after every check a rank would run.
+  (torchtune recipes/dev/multinode_grpo.sbatch, Open-R1 slurm/train.slurm), plus one ``vllm serve`` per engine
+  on the rollout GPUs of a dedicated layout (rollout=vllm_server). ``python -m core.launch [overrides]`` prints
+  its plan (:func:`plan`) as shell variables, after every check a rank would run.
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -81,29 +82,49 @@ def check_multirun(argv: list[str]) -> None:
 
 def placement(cfg) -> dict[str, object]:
     """Where the layout's roles run, GPUs counted node by node: learners on the first ``learner_gpus``, the
-    dedicated rollout GPUs right after them, on one node (one server per job)."""
+    dedicated rollout GPUs right after them, one vLLM server per engine (``SERVERS``: ``node:devices:port``
+    each, engine ``j`` on ``rollout.server.port + j``), none straddling a node."""
     from core.config.layout import engines, tensor_parallel
 
-    lay = cfg.layout
+    lay, tp = cfg.layout, tensor_parallel(cfg)
     gpn, learners, rollout = int(lay.gpus_per_node), int(lay.learner_gpus), int(lay.rollout_gpus)
-    node, first = divmod(learners, gpn)  # the first rollout GPU: its node and its index there
-    if rollout and first + rollout > gpn:
-        raise ConfigError(f"layout.rollout_gpus={rollout} from GPU {first} of node {node} spans nodes: "
-                          f"launch/slurm.sbatch starts one generation server, on one node")
-    shared = rollout > 0 and node == 0  # learners and the server split the first node
+    servers = []
+    for j in range(engines(cfg) if rollout else 0):
+        node, first = divmod(learners + j * tp, gpn)  # the engine's first GPU: its node and its index there
+        if first + tp > gpn:
+            raise ConfigError(f"vLLM engine {j} (rollout.vllm.tensor_parallel_size={tp}) would start at GPU {first} of "
+                              f"node {node} and span nodes: with layout.learner_gpus={learners} and "
+                              f"layout.gpus_per_node={gpn}, make the learners fill their nodes or TP divide the rest")
+        servers.append(f"{node}:{_span(first, first + tp)}:{int(cfg.rollout.server.port) + j}")
+    shared = rollout > 0 and learners % gpn > 0  # learners and servers split the last learner node
     return {"NODES": int(lay.nodes), "GPUS_PER_NODE": gpn, "LEARNER_NODES": -(-learners // gpn),
-            "NPROC_PER_NODE": min(learners, gpn), "LEARNER_DEVICES": _span(0, learners) if shared else "",
-            "ROLLOUT_GPUS": rollout, "ROLLOUT_NODE": node, "ROLLOUT_DEVICES": _span(first, first + rollout),
-            "TP": tensor_parallel(cfg), "ENGINES": engines(cfg)}
+            "NPROC_PER_NODE": min(learners, gpn), "LEARNER_DEVICES": _span(0, learners % gpn) if shared else "",
+            "ROLLOUT_GPUS": rollout, "TP": tp, "ENGINES": len(servers), "SERVERS": " ".join(servers)}
 
 
 def _span(lo: int, hi: int) -> str:
     return ",".join(str(i) for i in range(lo, hi))
 
 
+def serve_args(cfg) -> list[str]:
+    """``vllm serve`` flags besides model, port and TP: the ``rollout.vllm`` settings, then the ones TRL 1.16's
+    ``trl vllm-serve`` imposes (trl/scripts/vllm_serve.py ``build_command``: the NCCL weight-transfer engine
+    VLLMClient pushes through, processed log-probs for the importance correction, no cap on log-probs)."""
+    v = cfg.rollout.vllm
+    args = ["--host", "0.0.0.0", "--data-parallel-size", "1", "--gpu-memory-utilization", str(v.gpu_memory_utilization),
+            "--dtype", str(v.dtype), "--seed", str(v.seed)]
+    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        if v[key] is not None:
+            args += [f"--{key.replace('_', '-')}", str(v[key])]
+    args += ["--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching"]
+    return args + ["--weight-transfer-config", json.dumps({"backend": "nccl"}), "--logprobs-mode", "processed_logprobs",
+                   "--max-logprobs", "-1"]
+
+
 def plan(overrides: list[str]) -> dict[str, object]:
-    """What launch/slurm.sbatch starts for ``overrides``: the placement, the server, the model it serves and
-    the run dir every rank shares, after every check a rank would run (in a world of the layout's learners)."""
+    """What launch/slurm.sbatch starts for ``overrides``: the placement, the servers and their flags, the model
+    they serve and the run dir every rank shares, after every check a rank would run (in a world of the layout's
+    learners)."""
     from hydra.core.hydra_config import HydraConfig
 
     from core.config.composition import compose
@@ -112,12 +133,15 @@ def plan(overrides: list[str]) -> dict[str, object]:
     run_dir = str(HydraConfig.get().run.dir)
     cfg = final_config(cfg, world=int(cfg.layout.learner_gpus))
     values = placement(cfg)
-    if values["ROLLOUT_GPUS"] and not cfg.model.name_or_path:
-        raise ConfigError("layout.mode=dedicated serves model.name_or_path with trl vllm-serve, and it is null (a "
-                          "tiny model built in the process has no path to serve)")
-    server = cfg.layout.server
-    return {**values, "SERVER_PORT": int(server.port), "SERVER_TIMEOUT": int(float(server.timeout_s)),
-            "MODEL": cfg.model.name_or_path or "", "RUN_DIR": run_dir}
+    if not values["ROLLOUT_GPUS"]:
+        return {**values, "SERVE_ARGS": "", "SERVER_TIMEOUT": 0, "MODEL": cfg.model.name_or_path or "",
+                "RUN_DIR": run_dir}
+    if not cfg.model.name_or_path:
+        raise ConfigError("layout.mode=dedicated serves model.name_or_path with vllm serve, and it is null (a tiny "
+                          "model built in the process has no path to serve)")
+    return {**values, "SERVE_ARGS": shlex.join(serve_args(cfg)),
+            "SERVER_TIMEOUT": int(float(cfg.rollout.server.timeout_s)), "MODEL": cfg.model.name_or_path,
+            "RUN_DIR": run_dir}
 
 
 def main(argv: list[str]) -> None:

@@ -6,6 +6,7 @@ parses and, with stand-ins for ``srun``/``scontrol``/``curl`` on PATH (test doub
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -34,7 +35,7 @@ SITE = ["hydra.launcher.partition=gpu", "hydra.launcher.account=rl"]
 # machine; scontrol lists STUB_HOSTS; curl answers STUB_CURL_RC.
 SRUN = """#!/bin/bash
 printf "%s\\n" "$*" >> "$STUB_LOG"
-[[ "$*" == *vllm-serve* ]] && exec sleep "${STUB_SERVE_SECONDS:-0}"
+[[ "$*" == *" serve "* ]] && exec sleep "${STUB_SERVE_SECONDS:-0}"
 [[ -z "${STUB_RUN:-}" ]] && exit 0
 n=1
 while [[ "$1" == --* ]]; do [[ "$1" == --ntasks=* ]] && n=${1#--ntasks=}; shift; done
@@ -192,8 +193,8 @@ def _stubs(tmp_path: Path, monkeypatch, **plan_values) -> Path:
     bin_dir.mkdir(exist_ok=True)
     stubs = dict(STUBS)
     if plan_values:
-        stubs["python"] = "#!/bin/bash\ncat <<'PLAN'\n" + "\n".join(f"{k}='{v}'" for k, v in plan_values.items()) + \
-            "\nPLAN\n"
+        stubs["python"] = "#!/bin/bash\ncat <<'PLAN'\n" + \
+            "\n".join(f"{k}={shlex.quote(str(v))}" for k, v in plan_values.items()) + "\nPLAN\n"
     for name, text in stubs.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
@@ -241,24 +242,35 @@ def test_the_sbatch_script_starts_torchrun_across_two_nodes_that_rendezvous(tmp_
     assert len(rows) == 1 and rows[0]["steps"] == 2 and rows[0]["run_dir"] == f"{tmp_path}/run"
 
 
+SERVE = ("--host 0.0.0.0 --data-parallel-size 1 --gpu-memory-utilization 0.9 --dtype bfloat16 --seed 0 "
+         "--enable-prefix-caching --weight-transfer-config '{\"backend\": \"nccl\"}' "
+         "--logprobs-mode processed_logprobs --max-logprobs -1")
 DEDICATED = {"NODES": 1, "GPUS_PER_NODE": 8, "LEARNER_NODES": 1, "NPROC_PER_NODE": 7,
-             "LEARNER_DEVICES": "0,1,2,3,4,5,6", "ROLLOUT_GPUS": 1, "ROLLOUT_NODE": 0, "ROLLOUT_DEVICES": "7", "TP": 1,
-             "ENGINES": 1, "SERVER_PORT": 8000, "SERVER_TIMEOUT": 1, "MODEL": "Qwen/Qwen2.5-Math-7B",
-             "RUN_DIR": "/runs/x"}
+             "LEARNER_DEVICES": "0,1,2,3,4,5,6", "ROLLOUT_GPUS": 1, "TP": 1, "ENGINES": 1, "SERVERS": "0:7:8000",
+             "SERVE_ARGS": SERVE, "SERVER_TIMEOUT": 1, "MODEL": "Qwen/Qwen2.5-Math-7B", "RUN_DIR": "/runs/x"}
+# Open-R1's 1 + 1 nodes with 2 engines of TP 4 on the second: one server each, every learner GPU on the first node
+TWO_SERVERS = {**DEDICATED, "NODES": 2, "NPROC_PER_NODE": 8, "LEARNER_DEVICES": "", "ROLLOUT_GPUS": 8, "TP": 4,
+               "ENGINES": 2, "SERVERS": "1:0,1,2,3:8000 1:4,5,6,7:8001"}
+DEDICATED_ARGS = ["layout=dedicated", "rollout=vllm_server", "model.name_or_path=Qwen/Qwen2.5-Math-7B",
+                  "train.prompts_per_step=14", "train.mini_batch_size=112", "train.micro_batch_size=16"]
 
 
 def test_the_plan_of_a_dedicated_layout(composed):
-    """``core.launch.plan`` of Open-Instruct 8B's 7 + 1 (what the stand-in Python below prints)."""
-    values = plan(["layout=dedicated", "model.name_or_path=Qwen/Qwen2.5-Math-7B", "train.prompts_per_step=14",
-                   "train.mini_batch_size=112", "train.micro_batch_size=16", "layout.server.timeout_s=1",
-                   "hydra.run.dir=/runs/x"])
-    assert values == DEDICATED
-    with pytest.raises(ConfigError, match="layout.mode=dedicated serves model.name_or_path with trl vllm-serve"):
-        plan(["layout=dedicated", "train.prompts_per_step=14", "train.mini_batch_size=112",
-              "train.micro_batch_size=16"])
-    with pytest.raises(ConfigError, match="layout.rollout_gpus=8 from GPU 4 of node 0 spans nodes"):
-        plan(["layout=open_r1_2node", "layout.learner_gpus=4", "model.name_or_path=Qwen/Qwen2.5-Math-7B",
-              "train.micro_batch_size=32"])
+    """``core.launch.plan`` of Open-Instruct 8B's 7 + 1 and Open-R1's 1 + 1 nodes (what the stand-in Python below
+    prints), and the layouts whose servers it cannot place."""
+    assert plan([*DEDICATED_ARGS, "rollout.server.timeout_s=1", "hydra.run.dir=/runs/x"]) == DEDICATED
+    two = plan(["layout=open_r1_2node", "rollout=vllm_server", "rollout.vllm.tensor_parallel_size=4",
+                "rollout.server.hosts=[b,b]", "model.name_or_path=Qwen/Qwen2.5-Math-7B", "train.micro_batch_size=8",
+                "rollout.server.timeout_s=1", "hydra.run.dir=/runs/x"])
+    assert two == TWO_SERVERS
+    with pytest.raises(ConfigError, match="layout.mode=dedicated serves model.name_or_path with vllm serve"):
+        plan([a for a in DEDICATED_ARGS if not a.startswith("model.")])
+    with pytest.raises(ConfigError, match="vLLM engine 1 .rollout.vllm.tensor_parallel_size=2. would start at GPU 7 "
+                                          "of node 0 and span nodes"):
+        plan(["layout=open_r1_2node", "layout.learner_gpus=5", "layout.rollout_gpus=4", "rollout=vllm_server",
+              "rollout.vllm.tensor_parallel_size=2", "rollout.server.hosts=[b,b]",
+              "model.name_or_path=Qwen/Qwen2.5-Math-7B", "train.prompts_per_step=5", "train.mini_batch_size=40",
+              "train.micro_batch_size=8"])
 
 
 def test_the_sbatch_script_starts_the_server_and_splits_a_shared_node(tmp_path, monkeypatch):
@@ -266,22 +278,38 @@ def test_the_sbatch_script_starts_the_server_and_splits_a_shared_node(tmp_path, 
     proc = _sbatch(tmp_path, "python", "layout=dedicated", hosts="gpu-a")
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = _steps(tmp_path)  # the server's line may come second: its srun runs in the background
-    (server,), (learners,) = [s for s in steps if "vllm-serve" in s], [s for s in steps if "torchrun" in s]
-    assert server == ("--nodes=1 --ntasks=1 --nodelist=gpu-a --overlap env CUDA_VISIBLE_DEVICES=7 ./trl vllm-serve "
-                      "--model Qwen/Qwen2.5-Math-7B --tensor_parallel_size 1 --data_parallel_size 1 --host 0.0.0.0 "
-                      "--port 8000")
+    (server,), (learners,) = [s for s in steps if " serve " in s], [s for s in steps if "torchrun" in s]
+    assert server == ("--nodes=1 --ntasks=1 --nodelist=gpu-a --overlap env CUDA_VISIBLE_DEVICES=7 "
+                      "VLLM_SERVER_DEV_MODE=1 ./vllm serve Qwen/Qwen2.5-Math-7B --port 8000 --tensor-parallel-size 1 " +
+                      SERVE.replace("'", ""))  # srun's log joins the arguments: the JSON is one of them
     assert learners.startswith("--nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=gpu-a --kill-on-bad-exit=1 "
                                "--overlap env CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 ./torchrun --nnodes=1 "
                                "--nproc_per_node=7 --rdzv_backend=c10d --rdzv_endpoint=gpu-a:29500")
-    assert learners.endswith("-m recipes.run layout=dedicated hydra.run.dir=/runs/x layout.server.host=gpu-a")
+    assert learners.endswith("-m recipes.run layout=dedicated hydra.run.dir=/runs/x rollout.server.hosts=[gpu-a]")
+
+
+def test_the_sbatch_script_starts_one_server_per_engine_on_the_rollout_node(tmp_path, monkeypatch):
+    _stubs(tmp_path, monkeypatch, **TWO_SERVERS)
+    proc = _sbatch(tmp_path, "python", "layout=open_r1_2node", hosts="gpu-a gpu-b")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = _steps(tmp_path)
+    servers, (learners,) = sorted(s for s in steps if " serve " in s), [s for s in steps if "torchrun" in s]
+    assert [s.split(" ./vllm")[0] for s in servers] == [
+        "--nodes=1 --ntasks=1 --nodelist=gpu-b --overlap env CUDA_VISIBLE_DEVICES=0,1,2,3 VLLM_SERVER_DEV_MODE=1",
+        "--nodes=1 --ntasks=1 --nodelist=gpu-b --overlap env CUDA_VISIBLE_DEVICES=4,5,6,7 VLLM_SERVER_DEV_MODE=1"]
+    assert "--port 8000 --tensor-parallel-size 4" in servers[0]
+    assert "--port 8001 --tensor-parallel-size 4" in servers[1]
+    assert learners.startswith("--nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=gpu-a --kill-on-bad-exit=1 "
+                               "./torchrun --nnodes=1 --nproc_per_node=8")  # a node of its own: no --overlap
+    assert learners.endswith("rollout.server.hosts=[gpu-b,gpu-b]")
 
 
 def test_the_sbatch_script_names_the_url_of_a_server_that_does_not_answer(tmp_path, monkeypatch):
     _stubs(tmp_path, monkeypatch, **DEDICATED)
     proc = _sbatch(tmp_path, "python", "layout=dedicated", hosts="gpu-a", STUB_CURL_RC="7", STUB_SERVE_SECONDS="30")
     assert proc.returncode == 1
-    assert "the generation server did not answer at http://gpu-a:8000/health within 1s (layout.server.timeout_s)" in \
-        proc.stderr
+    assert "the generation server did not answer at http://gpu-a:8000/health within 1s (rollout.server.timeout_s)" \
+        in proc.stderr
     assert len(_steps(tmp_path)) == 1  # no learners started
 
 

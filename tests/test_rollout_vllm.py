@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from core.config import schema
-from core.rollout.vllm import VLLMRollout, _chosen_logprob, _to_rollout, gather_in_group, tp_groups
+from core.rollout.batch import from_token_lists
+from core.rollout.vllm import VLLMRollout, _chosen_logprob, gather_in_group, tp_groups
 from tests.vllm_double import completion
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -24,7 +25,7 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num
 
 def test_vllm_outputs_become_a_rollout_with_the_shared_layout():
     # two prompts; the first stops on EOS (id 1), the second is cut at 3 tokens
-    roll = _to_rollout([[5, 6], [7]], [[9, 1], [9, 8, 9]], [[-0.5, -0.25], [-1.0, -2.0, -3.0]], [1], 0)
+    roll = from_token_lists([[5, 6], [7]], [[9, 1], [9, 8, 9]], [[-0.5, -0.25], [-1.0, -2.0, -3.0]], [1], 0)
     assert roll.input_ids.tolist() == [[5, 6, 9, 1, 0], [0, 7, 9, 8, 9]]
     assert roll.response_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
     assert roll.finish_reason == ["stop", "length"]

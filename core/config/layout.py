@@ -3,21 +3,19 @@
 A layout has ``nodes x gpus_per_node`` GPUs. ``learner_gpus`` of them train, one rank each (the process
 group's world, which must be the one torchrun started). Generation either shares the learners' GPUs
 (``mode=colocate``: TRL ``vllm_mode=colocate``, OpenRLHF ``--colocate_all_models``, veRL's hybrid engine) or
-has ``rollout_gpus`` of its own behind a server (``mode=dedicated``: Open-Instruct's vLLM actors, Open-R1's
-``trl vllm-serve`` node). vLLM engines span ``rollout.vllm.tensor_parallel_size`` GPUs each (that key is the
-one place the TP size lives): ``engines = rollout_gpus / TP`` when dedicated, ``learner_gpus / TP`` when
-colocated. Each source's layout is an option of the group, citing it; docs/launch.md has the table.
+has ``rollout_gpus`` of its own behind vLLM servers (``mode=dedicated``, ``rollout=vllm_server``:
+Open-Instruct's vLLM actors, Open-R1's ``trl vllm-serve`` node). vLLM engines span
+``rollout.vllm.tensor_parallel_size`` GPUs each (that key is the one place the TP size lives):
+``engines = rollout_gpus / TP`` when dedicated, ``learner_gpus / TP`` when colocated. Each source's layout is an option of the group, citing it; docs/launch.md has the table.
 """
 from __future__ import annotations
 
-import logging
 import os
 
 from omegaconf import OmegaConf
 
 from core.registry import Registry
 
-log = logging.getLogger(__name__)
 
 # Layout modes (``layout.mode``) -> fn(layout) -> problems; ``engine_gpus`` names the key whose GPUs the
 # vLLM engines occupy.
@@ -39,8 +37,6 @@ def _dedicated(lay) -> list[str]:
     if int(lay.rollout_gpus) < 1:
         return ["layout.mode=dedicated with layout.rollout_gpus=0: a dedicated server needs GPUs of its own; "
                 "use layout.mode=colocate to generate on the learner GPUs"]
-    log.warning("layout.mode=dedicated: no rollout engine talks to a generation server yet (the client is a later "
-                "piece of issue 18), so generation runs in process and its %s rollout GPU(s) idle", lay.rollout_gpus)
     return []
 
 
@@ -87,11 +83,33 @@ def layout_problems(cfg, world: int) -> list[str]:
     if int(lay[key]) % tp:
         errors.append(f"layout.{key}={lay[key]} is not a multiple of rollout.vllm.tensor_parallel_size={tp}: each "
                       f"vLLM engine takes {tp} of the {'learner' if key == 'learner_gpus' else 'rollout'} GPUs")
+    errors += _server_problems(cfg)
     if learners != world:
         given = f"WORLD_SIZE={os.environ['WORLD_SIZE']}" if "WORLD_SIZE" in os.environ else "no WORLD_SIZE: one process"
         errors.append(f"layout.learner_gpus={learners} but this run has {world} rank(s) ({given}); start one rank per "
                       f"learner GPU (torchrun, hydra/launcher=slurm or launch/slurm.sbatch: docs/launch.md), or use "
                       f"layout=single (what torchrun gives) or scale=tiny")
+    return errors
+
+
+def _server_problems(cfg) -> list[str]:
+    """Dedicated GPUs are reached through vLLM servers and only there: ``rollout.engine=vllm_server`` iff
+    ``layout.mode=dedicated``, one ``rollout.server.hosts`` entry per engine, no sleep mode (a server keeps its GPU)."""
+    dedicated, server = cfg.layout.mode == "dedicated", cfg.rollout.engine == "vllm_server"
+    if dedicated != server:
+        return [f"layout.mode={cfg.layout.mode} with rollout.engine={cfg.rollout.engine}: GPUs that only generate are "
+                f"reached through vLLM servers, so layout.mode=dedicated goes with rollout=vllm_server and only "
+                f"with it (colocated: rollout=hf or rollout=vllm)"]
+    if not server:
+        return []
+    errors, hosts, n = [], list(cfg.rollout.server.hosts), engines(cfg)
+    if len(hosts) != n:
+        errors.append(f"rollout.server.hosts has {len(hosts)} host(s) but the layout has {n} vLLM engine(s) "
+                      f"(layout.rollout_gpus={cfg.layout.rollout_gpus} / rollout.vllm.tensor_parallel_size="
+                      f"{tensor_parallel(cfg)}): give one host per engine (launch/slurm.sbatch sets them)")
+    if cfg.rollout.vllm.enable_sleep_mode:
+        errors.append("rollout.vllm.enable_sleep_mode=true with rollout.engine=vllm_server: a server keeps its GPUs; "
+                      "sleep mode frees a colocated engine's memory for training (rollout=vllm)")
     return errors
 
 

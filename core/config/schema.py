@@ -133,6 +133,22 @@ class VllmConfig:
     enable_prefix_caching: bool = True
     enable_sleep_mode: bool = False
     sleep_level: int = ck(2, one_of(1, 2))
+    max_num_seqs: Optional[int] = ck(None, OPT_POS)  # null: vLLM's default
+    max_num_batched_tokens: Optional[int] = ck(None, OPT_POS)  # null: vLLM's default
+
+
+@dataclass
+class ServerConfig:
+    """The vLLM servers of ``rollout.engine=vllm_server`` (one ``vllm serve`` per engine of a dedicated layout),
+    as the trainer reaches them: engine ``j`` at ``http://hosts[j]:port+j``, its weight-transfer group at rank 0's
+    ``group_port+j`` (TRL GRPOConfig ``vllm_server_host`` / ``vllm_server_port`` / ``vllm_group_port`` /
+    ``vllm_server_timeout`` defaults)."""
+
+    hosts: List[str] = field(default_factory=lambda: ["0.0.0.0"])
+    port: int = ck(8000, between(1, 65535))
+    group_port: int = ck(51216, between(1, 65535))
+    timeout_s: float = ck(240.0, above(0))
+    client: str = "trl.generation.vllm_client.VLLMClient"  # the client class: TRL's (tests name a CPU double)
 
 
 @dataclass
@@ -146,6 +162,7 @@ class RolloutConfig:
     generation_batch_size: int = ck(0, NONNEG)  # 0: all at once
     gather_for_generation: bool = True
     vllm: Optional[VllmConfig] = None
+    server: Optional[ServerConfig] = None
 
 
 # --- algorithms -------------------------------------------------------------------------------------------
@@ -383,15 +400,6 @@ class ScaleConfig:
 
 
 @dataclass
-class ServerConfig:
-    """Where the trainer finds the generation server of ``layout.mode=dedicated`` (TRL GRPOConfig defaults)."""
-
-    host: str = "0.0.0.0"
-    port: int = ck(8000, between(1, 65535))
-    timeout_s: float = ck(240.0, above(0))
-
-
-@dataclass
 class LayoutConfig:
     """GPUs of a run and who uses them (core/config/layout.py checks the combinations)."""
 
@@ -400,7 +408,6 @@ class LayoutConfig:
     gpus_per_node: int = ck(1, POS)
     learner_gpus: int = ck(1, POS)
     rollout_gpus: int = ck(0, NONNEG)
-    server: ServerConfig = field(default_factory=ServerConfig)
 
 
 # group/name under ``schema/`` -> dataclass; a group YAML names one in its defaults list.

@@ -1,7 +1,8 @@
 """Rollout engines: sample completions for a batch of prompts, keyed by config name (``rollout.engine``).
 
-``hf`` (Hugging Face ``generate`` on the training model, any device) is here; ``vllm``
-(:mod:`core.rollout.vllm`, GPU only) is imported when asked for. Every engine is built from
+``hf`` (Hugging Face ``generate`` on the training model, any device), ``vllm`` (:mod:`core.rollout.vllm`,
+colocated, GPU only) and ``vllm_server`` (:mod:`core.rollout.server`, vLLM servers on GPUs of their own) are
+each imported when asked for. Every engine is built from
 ``(model, tokenizer, rollout_cfg)``, and the loop calls the same members on each:
 
 - ``sync_weights(engine)``: the optimiser engine's current weights into the sampler (``hf``: nothing to
@@ -22,7 +23,7 @@ from core.rollout.batch import RolloutBatch, Sampling  # noqa: F401  (the packag
 _ENGINES: dict[str, Callable] = {}
 # Each engine's module, imported (and so registered) when the engine is first asked for: vllm's imports
 # GPU-only packages, and no run pays for an engine it does not use.
-_LAZY = {"hf": "core.rollout.hf", "vllm": "core.rollout.vllm"}
+_LAZY = {"hf": "core.rollout.hf", "vllm": "core.rollout.vllm", "vllm_server": "core.rollout.server"}
 
 
 def register_rollout(name: str):

@@ -117,3 +117,16 @@ def eos_token_ids(tokenizer, model=None) -> list[int]:
     extra = getattr(gen, "eos_token_id", None)
     ids.update(extra if isinstance(extra, (list, tuple)) else [extra])
     return sorted(i for i in ids if i is not None)
+
+
+def from_token_lists(prompts, resp, lps, eos_ids, pad_id, device=None) -> RolloutBatch:
+    """A :class:`RolloutBatch` on ``device`` (the trainer's) from token lists: prompts, generated tokens and
+    each generated token's log-prob, as a vLLM engine or server returns them."""
+    ids, mask = left_pad(prompts, pad_id)  # [N, P]
+    R = max(1, max(len(r) for r in resp))
+    out = torch.full((len(resp), R), pad_id, dtype=torch.long)  # [N, R]
+    logp = torch.zeros((len(resp), R))  # [N, R]
+    for i, (r, lp) in enumerate(zip(resp, lps)):
+        out[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        logp[i, :len(lp)] = torch.tensor(lp)
+    return assemble(*(t.to(device) for t in (ids, mask, out)), eos_ids, pad_id, logp.to(device))

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from core.errors import InputError
 from core.rollout import register_rollout
-from core.rollout.batch import RolloutBatch, Sampling, assemble, eos_token_ids, left_pad
+from core.rollout.batch import RolloutBatch, Sampling, eos_token_ids, from_token_lists
 
 
 def _ensure_process_group() -> None:
@@ -97,6 +97,7 @@ class VLLMRollout:
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=bool(v.enable_prefix_caching),
             enable_sleep_mode=bool(v.enable_sleep_mode),
+            **{k: int(v[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if v[k] is not None},
         )
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
@@ -135,7 +136,7 @@ class VLLMRollout:
         resp = [list(o.outputs[0].token_ids) for o in outs]
         lps = [[_chosen_logprob(step, tok) for step, tok in zip(o.outputs[0].logprobs or [], r)]
                for o, r in zip(outs, resp)]
-        return _to_rollout(prompts, resp, lps, self.eos_ids, self.tokenizer.pad_token_id, self.device)
+        return from_token_lists(prompts, resp, lps, self.eos_ids, self.tokenizer.pad_token_id, self.device)
 
 
 def gather_in_group(prompts: list[list[int]], group) -> tuple[list[list[int]], slice]:
@@ -153,15 +154,3 @@ def _chosen_logprob(step: dict, token: int) -> float:
     """The sampled token's log-prob from vLLM's per-step ``{token_id: Logprob}`` map."""
     item = step.get(token)
     return float(item.logprob) if item is not None else 0.0
-
-
-def _to_rollout(prompts, resp, lps, eos_ids, pad_id, device=None) -> RolloutBatch:
-    """vLLM's token lists as a :class:`RolloutBatch` on ``device`` (the trainer's GPU)."""
-    ids, mask = left_pad(prompts, pad_id)  # [N, P]
-    R = max(1, max(len(r) for r in resp))
-    out = torch.full((len(resp), R), pad_id, dtype=torch.long)  # [N, R]
-    logp = torch.zeros((len(resp), R))  # [N, R]
-    for i, (r, lp) in enumerate(zip(resp, lps)):
-        out[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        logp[i, :len(lp)] = torch.tensor(lp)
-    return assemble(*(t.to(device) for t in (ids, mask, out)), eos_ids, pad_id, logp.to(device))

@@ -14,15 +14,19 @@ from core.paths import CONF_DIR
 
 LAYOUTS = sorted(p.stem for p in (CONF_DIR / "layout").glob("*.yaml"))
 
-# Each source's layout as the (later) recipe selects it: option, the TP the recipe sets, and what it must give:
-# (learners, engines, learner nodes, ranks per learner node, rollout node, rollout devices on it).
+# Each source's layout as the (later) recipe selects it: option, the rollout engine and TP the recipe sets (a
+# dedicated layout's engines are vLLM servers, one host each), and what it must give:
+# (learners, engines, learner nodes, ranks per learner node, the servers as node:devices:port).
 SOURCES = {
-    "single": ([], (1, 1, 1, 1, 1, "")),
-    "colocate": ([], (8, 8, 1, 8, 1, "")),  # OpenRLHF hybrid engine 1x8 (its 4 x TP 2 engines: TP=2 below)
-    "dedicated": ([], (7, 1, 1, 7, 0, "7")),  # Open-Instruct 8B RLVR; Open-R1 Math-7B 7+1
-    "open_instruct_70b": (["rollout.vllm.tensor_parallel_size=4"], (40, 1, 5, 8, 5, "0,1,2,3")),
-    "open_r1_2node": ([], (8, 8, 1, 8, 1, "0,1,2,3,4,5,6,7")),  # trl vllm-serve --dp 8 --tp 1 on node 2
-    "simplerl_zoo_2node": (["rollout.vllm.tensor_parallel_size=2"], (16, 8, 2, 8, 2, "")),
+    "single": ([], (1, 1, 1, 1, "")),
+    "colocate": ([], (8, 8, 1, 8, "")),  # OpenRLHF hybrid engine 1x8 (its 4 x TP 2 engines: TP=2 below)
+    "dedicated": (["rollout=vllm_server"], (7, 1, 1, 7, "0:7:8000")),  # Open-Instruct 8B RLVR; Open-R1 Math-7B 7+1
+    "open_instruct_70b": (["rollout=vllm_server", "rollout.vllm.tensor_parallel_size=4"],
+                          (40, 1, 5, 8, "5:0,1,2,3:8000")),
+    # trl vllm-serve --dp 8 --tp 1 on node 2: 8 servers here
+    "open_r1_2node": (["rollout=vllm_server", f"rollout.server.hosts=[{','.join(['n2'] * 8)}]"],
+                      (8, 8, 1, 8, " ".join(f"1:{j}:{8000 + j}" for j in range(8)))),
+    "simplerl_zoo_2node": (["rollout=vllm", "rollout.vllm.tensor_parallel_size=2"], (16, 8, 2, 8, "")),
 }
 
 
@@ -40,15 +44,14 @@ def test_discovery_found_every_layout_and_mode():
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_every_layout_validates_in_its_world_and_places_its_source(compose_cfg, monkeypatch, name):
-    overrides, (learners, n_engines, learner_nodes, nproc, rollout_node, rollout_devices) = SOURCES[name]
+    overrides, (learners, n_engines, learner_nodes, nproc, servers) = SOURCES[name]
     monkeypatch.setenv("WORLD_SIZE", str(learners))  # what torchrun (or the submitit export) gives each rank
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(learners))
-    vllm = ["rollout=vllm"] if overrides else []
-    cfg = final_config(compose_cfg(f"layout={name}", *vllm, *overrides, *_batches(learners)))
+    cfg = final_config(compose_cfg(f"layout={name}", *overrides, *_batches(learners)))
     assert int(cfg.layout.learner_gpus) == learners and engines(cfg) == n_engines
     where = placement(cfg)
     assert (where["LEARNER_NODES"], where["NPROC_PER_NODE"]) == (learner_nodes, nproc)
-    assert (where["ROLLOUT_NODE"], where["ROLLOUT_DEVICES"]) == (rollout_node, rollout_devices)
+    assert where["SERVERS"] == servers
 
 
 # overrides, the world the ranks run in, a fragment of the refusal: one case per check of layout_problems.
@@ -58,10 +61,11 @@ BAD = [
     (["layout=colocate", "rollout=vllm", "rollout.vllm.tensor_parallel_size=16"], 8,
      "rollout.vllm.tensor_parallel_size=16 is larger than layout.gpus_per_node=8: a tensor-parallel engine runs "
      "within one node"),
-    (["layout=dedicated", "layout.rollout_gpus=2"], 7,
+    (["layout=dedicated", "rollout=vllm_server", "layout.rollout_gpus=2"], 7,
      "layout.learner_gpus + layout.rollout_gpus = 7 + 2 = 9 GPUs do not fit in layout.nodes x layout.gpus_per_node "
      "= 1 x 8 = 8: the rollout GPUs would overlap the learners' without colocation"),
-    (["layout=open_instruct_70b", "layout.rollout_gpus=3", "rollout=vllm", "rollout.vllm.tensor_parallel_size=2"], 40,
+    (["layout=open_instruct_70b", "layout.rollout_gpus=3", "rollout=vllm_server",
+      "rollout.vllm.tensor_parallel_size=2"], 40,
      "layout.rollout_gpus=3 is not a multiple of rollout.vllm.tensor_parallel_size=2: each vLLM engine takes 2 of "
      "the rollout GPUs"),
     (["layout=colocate", "layout.learner_gpus=6", "rollout=vllm", "rollout.vllm.tensor_parallel_size=4"], 6,
@@ -69,13 +73,22 @@ BAD = [
     (["layout=colocate"], 1, "layout.learner_gpus=8 but this run has 1 rank(s) (no WORLD_SIZE: one process)"),
     (["layout=colocate"], 4, "layout.learner_gpus=8 but this run has 4 rank(s) (WORLD_SIZE=4)"),
     (["layout=colocate", "layout.rollout_gpus=1"], 8, "layout.rollout_gpus=1 with layout.mode=colocate"),
-    (["layout=dedicated", "layout.rollout_gpus=0"], 7, "layout.mode=dedicated with layout.rollout_gpus=0"),
+    (["layout=dedicated", "rollout=vllm_server", "layout.rollout_gpus=0"], 7,
+     "layout.mode=dedicated with layout.rollout_gpus=0"),
     (["layout=simplerl_zoo_2node", "layout.learner_gpus=12"], 12,
      "layout.learner_gpus=12 spans nodes but is not a multiple of layout.gpus_per_node=8"),
-    (["layout=dedicated"], 7, "train.prompts_per_step=16 is not divisible by the world size 7"),
+    (["layout=dedicated", "rollout=vllm_server"], 7, "train.prompts_per_step=16 is not divisible by the world size 7"),
     (["layout.mode=hybrid"], 1, "layout.mode='hybrid': expected one of ['colocate', 'dedicated']"),
-    (["layout.server.port=0"], 1, "layout.server.port=0: expected a number in [1, 65535]"),
-    (["layout.server.timeout_s=0"], 1, "layout.server.timeout_s=0.0: expected a number > 0"),
+    (["rollout=vllm_server", "rollout.server.port=0"], 1, "rollout.server.port=0: expected a number in [1, 65535]"),
+    (["rollout=vllm_server", "rollout.server.timeout_s=0"], 1, "rollout.server.timeout_s=0.0: expected a number > 0"),
+    (["layout=dedicated"], 7, "layout.mode=dedicated with rollout.engine=hf: GPUs that only generate are reached "
+                              "through vLLM servers"),
+    (["layout=colocate", "rollout=vllm_server"], 8, "layout.mode=colocate with rollout.engine=vllm_server"),
+    (["layout=open_r1_2node", "rollout=vllm_server"], 8,
+     "rollout.server.hosts has 1 host(s) but the layout has 8 vLLM engine(s) (layout.rollout_gpus=8 / "
+     "rollout.vllm.tensor_parallel_size=1): give one host per engine"),
+    (["layout=dedicated", "rollout=vllm_server", "rollout.vllm.enable_sleep_mode=true"], 7,
+     "rollout.vllm.enable_sleep_mode=true with rollout.engine=vllm_server"),
 ]
 
 
@@ -92,16 +105,17 @@ def test_an_impossible_layout_is_refused_naming_keys_values_and_expectation(comp
 
 
 def test_the_cases_cover_every_check():
-    assert len(BAD) == 14 and len({tuple(o) for o, _, _ in BAD}) == 13  # colocate's world checked twice
+    assert len(BAD) == 18 and len({tuple(o) for o, _, _ in BAD}) == 17  # colocate's world checked twice
 
 
 def test_the_batch_split_uses_the_layouts_learners_not_the_process(compose_cfg, monkeypatch):
     """``final_config`` divides the batches over ``layout.learner_gpus``, as each of those ranks will."""
     monkeypatch.setenv("WORLD_SIZE", "7")
-    final_config(compose_cfg("layout=dedicated", *_batches(7)))
+    final_config(compose_cfg("layout=dedicated", "rollout=vllm_server", *_batches(7)))
     with pytest.raises(ConfigError, match=r"train.mini_batch_size=112 is not divisible by train.micro_batch_size x "
                                           r"world size = 32 x 7"):
-        final_config(compose_cfg("layout=dedicated", *_batches(7)[:3], "train.micro_batch_size=32"))
+        final_config(compose_cfg("layout=dedicated", "rollout=vllm_server", *_batches(7)[:3],
+                                 "train.micro_batch_size=32"))
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
