@@ -12,7 +12,9 @@ fd ``$RLR_TOKEN_FD`` (the design of ``verifiers/_harness.py``), then ``os._exit(
 this process's fd 1: their stdout and stderr are files that this process reads back.
 
 Steps: compile ``prog.cpp`` with the machine's g++ (flags from the job; compile time limit; output captured,
-truncated), compile the C++ checker if there is one, then run the tests in batches (stop after the first batch with a
+truncated; a ``"language": "python"`` job skips this and runs ``python3 prog.py``, as Piston's ``cf_python3`` runs
+``python3 main.py`` without a compile step, so a syntax error is a runtime error), compile the C++ checker if there is
+one, then run the tests in batches (stop after the first batch with a
 failure; ``batch_size`` -1 = one batch). Each test runs in a fresh directory ``box/`` holding only the binary (and
 ``input.txt``), with rlimits set in the child before exec: RLIMIT_AS = memory limit (measured: a static ``-O2``
 binary maps ~2 MB, so the cap is nearly all heap and stack; Piston sets ``ulimit -v`` too), RLIMIT_STACK = memory
@@ -21,8 +23,9 @@ Wall limit: the subprocess is killed at ``wall_limit_s`` (default 2 x time limit
 
 Verdicts per test: ``OK``; ``WA``; ``TLE`` (wall limit hit, or CPU time user+sys above the time limit, or SIGXCPU);
 ``OLE`` (SIGXFSZ, or the output reached the cap); ``MLE``, which is only detectable after an abnormal end: an uncaught
-``std::bad_alloc`` (its terminate message on stderr), a peak RSS of at least 90% of the limit, or a static image
-(ELF PT_LOAD sizes, e.g. a huge global array) above the limit, which the kernel kills at exec with SIGSEGV; a
+``std::bad_alloc`` (its terminate message on stderr) or Python ``MemoryError``, a peak RSS of at least 90% of the
+limit, or a static image (ELF PT_LOAD sizes, e.g. a huge global array) above the limit, which the kernel kills at
+exec with SIGSEGV; a
 ``malloc`` that returns NULL and is then dereferenced with little memory touched reads as ``RE``, and a program that
 catches ``bad_alloc`` and prints a wrong answer as ``WA``; ``RE`` (any other non-zero exit or signal); ``FAIL`` (the
 checker failed: testlib exit 3, a crash, or its timeout, 10 s as in Piston); ``SKIPPED`` (not run: early stop);
@@ -53,6 +56,7 @@ JOB = "cpp_job.json"
 LOG_LIMIT = 4096  # bytes of compiler / checker output kept
 TESTLIB = {0: "OK", 3: "FAIL"}  # testlib.h exit codes: 0 _ok, 1 _wa, 2 _pe, 3 _fail, 4 _dirt, 7 _points; else WA
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+OOM_MESSAGES = (b"std::bad_alloc", b"MemoryError")  # on stderr after an abnormal end: C++ terminate, Python traceback
 
 
 def main():
@@ -84,7 +88,10 @@ def _no_dump():
 
 def judge(job):
     """Compile, then run the tests; the result dict that ``verifiers.cpp.CppResult`` reads."""
-    prog, log = _compile(job["source"], "prog", job["flags"], job["compile_timeout_s"])
+    if job.get("language") == "python":
+        prog, log = job["source"].encode("utf-8", errors="surrogatepass"), ""
+    else:
+        prog, log = _compile(job["source"], "prog", job["flags"], job["compile_timeout_s"])
     if prog is None:
         return {"compile": "CE", "compile_output": log, "tests": [_record("CE") for _ in job["tests"]]}
     checker, checker_error = None, ""
@@ -153,7 +160,10 @@ def _one_test(prog, image, test, checker, job):
 def _run_program(prog, image, text, job):
     """Run the binary on one input in a fresh ``box/``: (verdict or "OK" if it ended normally, cpu, wall, rss, out)."""
     box = _fresh_dir("box")
-    exe = _write(os.path.join(box, "prog"), prog, 0o755)
+    if job.get("language") == "python":  # Piston's cf_python3: `python3 main.py`, same limits as a binary
+        cmd = [sys.executable, _write(os.path.join(box, "prog.py"), prog, 0o644)]
+    else:
+        cmd = [_write(os.path.join(box, "prog"), prog, 0o755)]
     data = text.replace("\r\n", "\n").encode("utf-8", errors="surrogatepass")  # Piston: sed -i 's/\r$//' on input
     _write(os.path.join(box, "input.txt"), data, 0o644)
     mem, out_cap, limit = job["memory_mb"] << 20, job["output_mb"] << 20, job["time_limit_s"]
@@ -162,7 +172,7 @@ def _run_program(prog, image, text, job):
             open("stderr.bin", "w+b") as ferr:
         t0 = time.monotonic()
         try:
-            timed_out, status, ru = _spawn([exe], job["wall_limit_s"], stdin=fin, stdout=fout, stderr=ferr,
+            timed_out, status, ru = _spawn(cmd, job["wall_limit_s"], stdin=fin, stdout=fout, stderr=ferr,
                                            cwd=box, env=env, preexec_fn=_limiter(mem, limit, out_cap))
         except OSError as e:  # exec refused: ENOMEM for an image the address-space cap cannot hold
             return ("MLE" if e.errno == errno.ENOMEM else "RE"), 0.0, time.monotonic() - t0, 0, b""
@@ -200,7 +210,7 @@ def _run_verdict(facts, limit, mem, out_cap, image):
         return "OLE"
     if status == 0:
         return "OK"
-    if b"std::bad_alloc" in facts["err"] or facts["rss"] >= 0.9 * mem or image > mem:
+    if any(m in facts["err"] for m in OOM_MESSAGES) or facts["rss"] >= 0.9 * mem or image > mem:
         return "MLE"
     return "RE"
 

@@ -24,9 +24,8 @@ What follows Piston, and what differs:
   Open-R1's ``generated_checker``: ``python3 checker.py input correct_output output``, accepted iff it exits 0 and
   prints 1 (or 100).
 
-``CppResult`` keeps every verdict, so Open-R1's ``cf_code`` modes are one line each: ``pass_fail`` =
-``float(r.all_passed)``, ``partial`` = ``r.fraction``, ``weighted_sum`` = ``float(r.all_passed) + 0.1 * r.fraction``,
-and ``-0.1`` where ``r.compile == "CE"``.
+``CppResult`` keeps every verdict; Open-R1's ``cf_code`` (its scoring modes, test sources and limits) is
+``verifiers/codeforces.py`` on top of ``run_cpp``.
 """
 from __future__ import annotations
 
@@ -52,6 +51,7 @@ PISTON_FLAGS = ("-std=c++17", "-O2", "-pipe", "-DONLINE_JUDGE", "-s")
 COMPILE_MEM_MB = 1024  # cc1plus on <bits/stdc++.h> at -O2 fails under a 200 MB address-space cap, passes at 250 MB
 CHECKER_TIMEOUT_S = 10.0  # Piston's codeforces `run`: `run_with_timeout 10 python3 checker.py ...`
 COMPARES = ("tokens", "piston", "lines")
+LANGUAGES = ("cpp", "python")
 
 
 @dataclass
@@ -99,12 +99,16 @@ def default_flags() -> tuple[str, ...]:
 def run_cpp(source: str, tests: Sequence[dict], time_limit_s: float = 2.0, memory_mb: int = 256,
             checker: str | None = None, checker_lang: str = "python", batch_size: int = -1,
             compile_flags: Sequence[str] | None = None, compare: str = "tokens", input_mode: str = "stdio",
-            wall_limit_s: float | None = None, compile_timeout_s: float = 30.0, output_mb: int = 64) -> CppResult:
+            wall_limit_s: float | None = None, compile_timeout_s: float = 30.0, output_mb: int = 64,
+            language: str = "cpp") -> CppResult:
     """Compile ``source`` and run it on ``tests`` ([{"input", "output"}]) in one sandbox session; stop after the
     first batch of ``batch_size`` tests with a failure (-1: one batch, all tests run). ``checker``: source of a
     ``checker_lang`` ("python" or "cpp") checker, else the ``compare`` rule. ``input_mode`` "file": the program
-    reads ``input.txt`` and writes ``output.txt`` (old Codeforces problems; Piston's ``INPUT_MODE``)."""
-    if shutil.which("g++") is None:
+    reads ``input.txt`` and writes ``output.txt`` (old Codeforces problems; Piston's ``INPUT_MODE``).
+    ``language`` "python": ``source`` is Python 3, run as ``python3 prog.py`` under the same limits with no compile
+    step (Piston's ``cf_python3``, which Open-R1's ``cf_code`` uses for the dataset's Python rows)."""
+    _check_choice("language", language, LANGUAGES)
+    if shutil.which("g++") is None and (language == "cpp" or checker_lang == "cpp"):
         raise RuntimeError("code_cpp needs g++ on this machine")
     _check_choice("compare", compare, COMPARES)
     _check_choice("checker_lang", checker_lang, ("python", "cpp"))
@@ -115,7 +119,7 @@ def run_cpp(source: str, tests: Sequence[dict], time_limit_s: float = 2.0, memor
            "wall_limit_s": wall, "output_mb": int(output_mb), "flags": list(compile_flags or default_flags()),
            "compile_timeout_s": compile_timeout_s, "checker": checker, "checker_lang": checker_lang,
            "checker_timeout_s": CHECKER_TIMEOUT_S, "batch_size": batch_size, "compare": compare,
-           "input_mode": input_mode}
+           "input_mode": input_mode, "language": language}
     text = json.dumps(job)
     res = run_python(RUNNER, files={JOB: text}, token=secrets.token_hex(16), timeout=_budget(job),
                      mem_mb=max(COMPILE_MEM_MB, job["memory_mb"] + 64) + 4 * (len(text) >> 20),
@@ -135,7 +139,8 @@ def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
 
 def _budget(job: dict) -> float:
     """Wall seconds for the whole session: every step's own limit, plus start-up, file writes and kills."""
-    compiles = job["compile_timeout_s"] * (2 if job["checker"] and job["checker_lang"] == "cpp" else 1)
+    n_compiles = (job["language"] == "cpp") + bool(job["checker"] and job["checker_lang"] == "cpp")
+    compiles = job["compile_timeout_s"] * n_compiles
     per_test = job["wall_limit_s"] + (job["checker_timeout_s"] if job["checker"] else 0.0) + 0.5
     return compiles + len(job["tests"]) * per_test + 10.0
 
