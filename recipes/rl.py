@@ -108,8 +108,8 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     cfg = freeze(cfg)  # validated and saved: plain read-only containers from here (core/config/frozen.py)
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
-    train_ids = [D.tokenize_prompt(r["prompt"], cfg.data, tokenizer) for r in train_rows]
-    eval_ids = [D.tokenize_prompt(r["prompt"], cfg.data, tokenizer) for r in eval_rows]
+    train_rows, train_ids = D.tokenize_rows(train_rows, cfg.data, tokenizer)  # data.max_prompt_tokens applied
+    eval_rows, eval_ids = D.tokenize_rows(eval_rows, cfg.data, tokenizer)
     if int(cfg.train.warm_start.steps) > 0:
         answers = [r["answer"] for r in train_rows]
         path = str(warm_started_dir(path, cfg.model, cfg.train.warm_start, train_ids, answers, device, verifier,

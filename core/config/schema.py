@@ -82,11 +82,17 @@ class PromptDataConfig:
     split: str = "train"
     eval_path: Optional[str] = None
     eval_split: str = "test"
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
+    prompt_key: str = "prompt"  # a column, or a path into nested ones: "prompt.0.content"
+    answer_key: Optional[str] = "answer"  # null: the rows have no gold answer (the verifier reads other columns)
+    eval_prompt_key: Optional[str] = None  # null: prompt_key
+    eval_answer_key: Optional[str] = None  # null: answer_key
     template: str = ck("{prompt}", lambda v: None if "{prompt}" in v else "a format string holding {prompt}")
     chat_template: bool = False
+    chat_template_override: Optional[str] = None  # a Jinja chat template in place of the tokenizer's
+    system_prompt: Optional[str] = None  # a system message before the user's (chat_template only)
     max_prompt_chars: Optional[int] = ck(None, OPT_POS)
+    max_prompt_tokens: Optional[int] = ck(None, OPT_POS)
+    prompt_overflow: str = ck("drop", one_of("drop", "truncate_left"))  # a prompt over max_prompt_tokens
     generator: Optional[Dict[str, Any]] = None
     tiny: Optional[Dict[str, Any]] = None
 

@@ -1,7 +1,11 @@
 """Prompt datasets: generated locally, read from a local file, or loaded from the hub by name.
 
-Every source yields rows (dicts) with a ``prompt`` column (a string or chat messages) and an
-``answer`` column; other columns travel along and reach the verifier as keyword arguments.
+Every source yields rows (dicts); :func:`load_split` renames the ``data.prompt_key`` column to ``prompt`` (a
+string or chat messages) and ``data.answer_key`` to ``answer`` (none when null), each key a column or a dotted
+path into nested ones (SimpleRL-Zoo's ``prompt.0.content``, ``reward_model.ground_truth``), per split where the
+splits differ (``data.eval_prompt_key``); other columns travel along and reach the verifier as keyword arguments.
+:func:`tokenize_rows` renders each prompt (``template``, optional system message and chat template) and applies
+the token-length limit (dropped, or left-truncated as TRL 0.18 did for Open-R1).
 """
 from __future__ import annotations
 
@@ -100,17 +104,44 @@ def read_rows(path: Path, key: str = "data.path") -> list[dict]:
     raise DataError(f"{key}: unsupported file type {path} (expected .jsonl, .jsonl.gz, .json or .parquet)")
 
 
+def split_keys(cfg, split: str) -> dict[str, str | None]:
+    """``{"prompt": key, "answer": key}`` of ``split``: the eval split's own keys where set."""
+    own = {"prompt": cfg.eval_prompt_key, "answer": cfg.eval_answer_key} if split == "eval" else {}
+    return {"prompt": own.get("prompt") or cfg.prompt_key,
+            "answer": own.get("answer") or cfg.answer_key}
+
+
+def _take(row: dict, path: str):
+    """The value at dotted ``path`` (``a.0.b``: key ``a``, item 0, key ``b``); moved out of ``row`` when ``path``
+    is a column itself. Raises KeyError naming the first step that is missing."""
+    if path in row:
+        return row.pop(path)
+    value = row
+    for step in path.split("."):
+        if isinstance(value, dict) and step in value:
+            value = value[step]
+        elif isinstance(value, (list, tuple)) and step.lstrip("-").isdigit() and -len(value) <= int(step) < len(value):
+            value = value[int(step)]
+        else:
+            raise KeyError(step)
+    return value
+
+
 def load_split(cfg, split: str) -> list[dict]:
-    """Rows of ``split`` (``train`` or ``eval``) with ``prompt``/``answer`` columns, filtered."""
+    """Rows of ``split`` (``train`` or ``eval``) with ``prompt`` (and, unless ``data.answer_key`` is null,
+    ``answer``) columns, filtered by ``data.max_prompt_chars`` (SimpleRL-Zoo's character filter)."""
     rows = SOURCES.get(cfg.source)(cfg, split)
+    keys = {name: key for name, key in split_keys(cfg, split).items() if key}
     out = []
     for i, row in enumerate(rows):
-        for k in (cfg.prompt_key, cfg.answer_key):
-            if k not in row:
-                raise DataError(f"data: row {i} of the {split} split has no column {k!r} "
-                                f"(data.prompt_key / data.answer_key); columns: {sorted(row)}")
         row = dict(row)
-        row["prompt"], row["answer"] = row.pop(cfg.prompt_key), row.pop(cfg.answer_key)
+        for name, key in keys.items():
+            try:
+                row[name] = _take(row, key)
+            except KeyError as e:
+                which = f"data.{'eval_' if split == 'eval' and cfg[f'eval_{name}_key'] else ''}{name}_key"
+                raise DataError(f"data: row {i} of the {split} split has no {key!r} ({which}; missing step "
+                                f"{e.args[0]!r}); columns: {sorted(row)}") from None
         out.append(row)
     if cfg.max_prompt_chars:
         out = [r for r in out if len(format_prompt(r["prompt"], cfg)) <= int(cfg.max_prompt_chars)]
@@ -123,21 +154,43 @@ def format_prompt(prompt, cfg) -> str | list:
 
 
 def tokenize_prompt(prompt, cfg, tokenizer) -> list[int]:
-    """Token ids of one prompt, through the chat template when ``data.chat_template`` is set."""
+    """Token ids of one prompt, through the chat template when ``data.chat_template`` is set: the tokenizer's,
+    or ``data.chat_template_override``, after a ``data.system_prompt`` message when one is set (Open-R1's
+    ``make_conversation``: system, then user)."""
     text = format_prompt(prompt, cfg)
     if cfg.chat_template:
-        messages = text if isinstance(text, list) else [{"role": "user", "content": text}]
+        messages = list(text) if isinstance(text, list) else [{"role": "user", "content": text}]
+        if cfg.system_prompt is not None:
+            messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False))
+                                                  return_dict=False, chat_template=cfg.chat_template_override))
     if not isinstance(text, str):
         raise DataError("data.chat_template is false but the prompt column holds chat messages")
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def tokenize_rows(rows: list[dict], cfg, tokenizer) -> tuple[list[dict], list[list[int]]]:
+    """Each row's prompt token ids, with ``data.max_prompt_tokens`` applied: ``prompt_overflow=drop`` leaves the
+    longer rows out (Open-Instruct's ``max_prompt_token_length`` filter), ``truncate_left`` keeps their last
+    tokens (TRL <= 0.18 ``max_prompt_length``, which Open-R1's recipes ran with). Returns the rows kept and
+    their ids."""
+    ids = [tokenize_prompt(r["prompt"], cfg, tokenizer) for r in rows]
+    limit = cfg.max_prompt_tokens
+    if not limit:
+        return rows, ids
+    if cfg.prompt_overflow == "truncate_left":
+        return rows, [p[-int(limit):] for p in ids]
+    kept = [i for i, p in enumerate(ids) if len(p) <= int(limit)]
+    return [rows[i] for i in kept], [ids[i] for i in kept]
 
 
 class PromptSampler:
     """Epoch-wise shuffled prompt batches, seeded; ``state``/``restore`` make resumption exact."""
 
     def __init__(self, n: int, batch: int, seed: int):
+        if batch > n:  # the token-length filter runs after the config checks (it needs the tokenizer)
+            raise DataError(f"train.prompts_per_step={batch} is larger than the training set ({n} rows after "
+                            f"filtering: data.max_prompt_chars, data.max_prompt_tokens)")
         self.n, self.batch, self.seed = n, batch, seed
         self.epoch, self.pos = 0, 0
         self._order = self._perm()
