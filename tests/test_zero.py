@@ -15,14 +15,14 @@ WORKER = Path(__file__).with_name("zero_worker.py")
 LOAD_WORKER = Path(__file__).with_name("zero3_load_worker.py")
 
 
-def _run(tmp: Path, stage: int, nproc: int) -> dict:
+def _run(tmp: Path, stage: int, nproc: int, zero: dict | None = None) -> dict:
     out = tmp / f"stage{stage}_n{nproc}.json"
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    args = [str(WORKER), str(stage), str(out), json.dumps(zero or {})]
     if nproc == 1 and stage == 0:
-        cmd = [sys.executable, str(WORKER), str(stage), str(out)]
+        cmd = [sys.executable, *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone",
-               str(WORKER), str(stage), str(out)]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
@@ -61,6 +61,37 @@ def test_reward_model_zero3_with_accumulation_matches_plain_torch(tmp_path):
         norms[zero] = [r["grad_norm"] for r in rows if "grad_norm" in r]
     assert len(norms["none"]) == 3
     assert norms["stage3"] == pytest.approx(norms["none"], rel=1e-4)
+
+
+DTYPES = {"grad_accum_dtype": "fp32", "communication_data_type": "fp32"}  # Open-Instruct's; veRL's fp32 reduce
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_config_carries_the_dtype_keys_exactly_when_set(stage):
+    from core.training.engine import deepspeed_config
+
+    optim = schema.node(schema.OptimConfig)
+    unset = deepspeed_config(schema.node(schema.ZeroConfig, stage=stage), optim, 2, 4, True)
+    assert "data_types" not in unset and "communication_data_type" not in unset  # DeepSpeed's own default
+    for accum, comm in (("fp32", "fp32"), ("bf16", None), (None, "fp16")):
+        zero = schema.node(schema.ZeroConfig, stage=stage, grad_accum_dtype=accum, communication_data_type=comm)
+        got = deepspeed_config(zero, optim, 2, 4, True)
+        assert got.get("data_types") == (None if accum is None else {"grad_accum_dtype": accum})
+        assert got.get("communication_data_type") == comm
+        assert ("communication_data_type" in got) == (comm is not None)
+        assert {k: v for k, v in got.items() if k not in ("data_types", "communication_data_type")} == unset
+
+
+@pytest.mark.distributed
+def test_a_deepspeed_engine_reads_the_dtype_keys_and_trains_as_before(reference, tmp_path):
+    """One rank, ZeRO-2, fp32 model: fp32 accumulation and reduction are what it did anyway, so the updates
+    are the single-process engine's, and DeepSpeed's own config object holds the two keys."""
+    got = _run(tmp_path, 2, 1, DTYPES)
+    assert got["deepspeed"] == {"grad_accum_dtype": "fp32", "communication_data_type": "torch.float32",
+                                "zero_grad_accum_dtype": "torch.float32"}
+    assert len(got["params"]) == len(reference["params"]) == 6 * 16 + 16 + 16 + 1
+    for a, b in zip(got["params"], reference["params"]):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
 
 
 def _tiny_engine(dtype, lr):

@@ -1,7 +1,8 @@
 """Worker for tests/test_zero.py: train a tiny model through core.zero on this rank's shard.
 
-Run as ``DS_ACCELERATOR=cpu torchrun --nproc_per_node W tests/zero_worker.py STAGE OUT``; rank 0
-writes the final parameters (gathered) and the per-step losses to OUT.
+Run as ``DS_ACCELERATOR=cpu torchrun --nproc_per_node W tests/zero_worker.py STAGE OUT [ZERO_JSON]``; rank 0
+writes the final parameters (gathered), the per-step losses and, under DeepSpeed, the data types its engine
+read from the config to OUT. ZERO_JSON: more ``zero.*`` keys (e.g. ``{"grad_accum_dtype": "fp32"}``).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def data():
     return torch.randn(STEPS, GLOBAL_BATCH, 6, generator=g), torch.randn(STEPS, GLOBAL_BATCH, 1, generator=g)
 
 
-def main(stage: int, out: str) -> None:
+def main(stage: int, out: str, extra: dict) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1 or stage > 0:
@@ -42,7 +43,7 @@ def main(stage: int, out: str) -> None:
 
         deepspeed.init_distributed(dist_backend="gloo")
     accum = GLOBAL_BATCH // (MICRO * world)
-    zero = schema.node(schema.ZeroConfig, stage=stage)
+    zero = schema.node(schema.ZeroConfig, extra, stage=stage)
     eng = build_train_engine(model(), OPTIM, zero, STEPS, accum, MICRO, torch.device("cpu"))
     xs, ys = data()
     losses, lrs = [], []
@@ -60,7 +61,14 @@ def main(stage: int, out: str) -> None:
         losses.append(total)
     params = _gathered(eng, stage)
     if rank == 0:
-        json.dump({"losses": losses, "lrs": lrs, "params": params, "grad_norm": stats["grad_norm"]}, open(out, "w"))
+        result = {"losses": losses, "lrs": lrs, "params": params, "grad_norm": stats["grad_norm"]}
+        if stage > 0:  # what DeepSpeed parsed from the config it was given (None: the key was absent)
+            ds = eng.engine._config
+            zero_accum = getattr(eng.engine.optimizer, "gradient_accumulation_dtype", None)  # ZeRO's optimisers
+            result["deepspeed"] = {"grad_accum_dtype": ds.grad_accum_dtype,
+                                   "communication_data_type": str(ds.communication_data_type),
+                                   "zero_grad_accum_dtype": str(zero_accum)}
+        json.dump(result, open(out, "w"))
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()  # a clean exit: gloo aborts at interpreter shutdown otherwise
@@ -76,4 +84,4 @@ def _gathered(eng, stage: int) -> list[float]:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})

@@ -66,11 +66,21 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, cfg):
     return -clip1, clipped
 
 
+def exp_log_ratio(log_ratio: torch.Tensor, cfg) -> torch.Tensor:
+    """``exp(log_ratio)`` with the log ratio first clamped to ``+-cfg.log_ratio_clamp`` when set, so one
+    token far off-policy cannot overflow ``exp`` (a clamped entry has zero gradient). veRL clamps at 20
+    (``trainer/ppo/core_algos.py::compute_policy_loss_vanilla`` @b178a3c, since 2c85b43 / v0.4.1), OpenRLHF
+    too (``models/loss.py::PolicyLoss``, ``ppo`` only, @3c3be62, since df78645e / v0.10.3); TRL
+    (``grpo_trainer.py::_compute_loss``, 0.18 and 1.16), Open-Instruct and the SimpleRL veRL fork do not."""
+    c = cfg.log_ratio_clamp
+    return torch.exp(log_ratio.clamp(-float(c), float(c)) if c else log_ratio)
+
+
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(inp: LossInput, cfg):
     """Token-level clipped surrogate (Schulman et al. 2017, PPO eq. 7); clip-higher (DAPO, Yu et al.
     2025) when ``clip_high > clip_low``; optional dual clip. ``rho_t = exp(logp - logp_old)``."""
-    ratio = torch.exp(inp.logprobs - inp.old_logprobs)  # [N, R]
+    ratio = exp_log_ratio(inp.logprobs - inp.old_logprobs, cfg)  # [N, R]
     loss, clipped = clipped_surrogate(ratio, inp.advantages, cfg)  # [N, R]
     return loss, {"clip_frac": clipped.float(), "ratio": ratio.detach()}
 
@@ -79,11 +89,13 @@ def ppo_clip(inp: LossInput, cfg):
 def gspo(inp: LossInput, cfg):
     """GSPO (Zheng et al. 2025, arXiv 2507.18071): the sequence ratio ``exp(mean_t (logp - logp_old))``
     broadcast to every token, with a straight-through per-token gradient as TRL
-    (``importance_sampling_level="sequence"``) and OpenRLHF (``policy_loss_type gspo``) compute it."""
+    (``importance_sampling_level="sequence"``) and OpenRLHF (``policy_loss_type gspo``) compute it.
+    ``log_ratio_clamp`` bounds the sequence mean (neither of those clamps it; veRL's ``gspo`` caps the
+    log ratio above at 10 only)."""
     m = inp.mask.float()  # [N, R]
     log_ratio = inp.logprobs - inp.old_logprobs  # [N, R]
     seq = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)  # [N, 1]
-    ratio = torch.exp(seq).expand_as(log_ratio)  # [N, R]
+    ratio = exp_log_ratio(seq, cfg).expand_as(log_ratio)  # [N, R]
     loss, clipped = clipped_surrogate(ratio, inp.advantages, cfg)  # [N, R]
     return loss, {"clip_frac": clipped.float(), "ratio": ratio.detach()}
 
@@ -197,9 +209,23 @@ def token_mean_global(x: torch.Tensor, mask: torch.Tensor, ctx: AggContext) -> t
 @AGGREGATIONS.register("seq_mean_token_mean", accumulation_exact=True)
 def seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor, ctx: AggContext) -> torch.Tensor:
     """Mean over sequences of each sequence's token mean, divided by accumulation steps (original
-    GRPO, TRL ``grpo``, OpenRLHF <= v0.6, veRL ``seq-mean-token-mean``). Length-biased."""
+    GRPO, TRL ``grpo``, OpenRLHF <= v0.6, veRL ``seq-mean-token-mean`` of its new engine, which divides
+    by the mini-batch's rows). Length-biased. Rows without loss tokens count (as zeros)."""
     per_seq = (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
     return per_seq.mean() / ctx.num_micro_batches
+
+
+@AGGREGATIONS.register("seq_mean_token_mean_nonempty", accumulation_exact=False)
+def seq_mean_token_mean_nonempty(x: torch.Tensor, mask: torch.Tensor, ctx: AggContext) -> torch.Tensor:
+    """``seq_mean_token_mean`` over the rows that have loss tokens: a fully masked row (a truncated
+    completion under ``mask_truncated``) leaves the denominator, where ``seq_mean_token_mean`` counts it
+    as a zero. veRL's ``agg_loss`` ``seq-mean-token-mean`` per micro-batch (legacy worker, its default,
+    @b178a3c, since 4424616 / v0.6.1); OpenRLHF's ``aggregate_loss`` for ``gspo`` (@3c3be62, since
+    v0.10.3) counts the non-empty rows of the whole step and all ranks, the same when every micro-batch
+    holds as many. Not one big batch when micro-batches hold different numbers of empty rows."""
+    tokens = mask.sum(-1)  # [N]
+    per_seq = (x * mask).sum(-1) / tokens.clamp(min=1)  # [N]
+    return per_seq.sum() / (tokens > 0).sum().clamp(min=1) / ctx.num_micro_batches
 
 
 @AGGREGATIONS.register("token_sum_norm", accumulation_exact=True)

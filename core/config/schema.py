@@ -232,6 +232,7 @@ class LossConfig:
     entropy_coef: float = ck(0.0, NONNEG)
     aggregation: str = ck("token_mean", registered("core.algorithms.loss", "AGGREGATIONS"))
     is_correction: ISCorrectionConfig = field(default_factory=ISCorrectionConfig)
+    log_ratio_clamp: Optional[float] = ck(None, above(0, optional=True))  # |log pi/pi_old| bound before exp
 
 
 @dataclass
@@ -282,6 +283,9 @@ class OptimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
 
+_DS_DTYPE = one_of(None, "fp16", "bf16", "fp32")  # DeepSpeed's names (runtime/config.py DtypeEnum); None: null
+
+
 @dataclass
 class ZeroConfig:
     stage: int = ck(0, one_of(0, 1, 2, 3))
@@ -289,6 +293,9 @@ class ZeroConfig:
     offload_param: bool = False  # ZeRO-3 only (validate.py)
     offload_reference: bool = False  # ZeRO-3 only
     options: Dict[str, Any] = field(default_factory=dict)  # more zero_optimization keys, passed through
+    # DeepSpeed keys outside zero_optimization; null: not written, DeepSpeed's default (the model's dtype)
+    grad_accum_dtype: Optional[str] = ck(None, _DS_DTYPE)  # written as data_types.grad_accum_dtype
+    communication_data_type: Optional[str] = ck(None, _DS_DTYPE)
 
 
 @dataclass

@@ -44,6 +44,10 @@ def final_config(cfg, world: int | None = None):
         if zero[key] and int(zero.stage) != 3:
             errors.append(f"zero.{key}=true with zero.stage={zero.stage}: parameters are partitioned (and so "
                           f"offloadable) under ZeRO-3 only; use zero=stage3 or zero.offload_optimizer")
+    for key in ("grad_accum_dtype", "communication_data_type"):
+        if zero[key] is not None and int(zero.stage) == 0:
+            errors.append(f"zero.{key}={zero[key]} with zero.stage=0: it is a DeepSpeed setting and stage 0 trains "
+                          f"with the plain torch engine; use zero=stage1|stage2|stage3 or zero.{key}=null")
     for key, value in (("model.name_or_path", cfg.model.name_or_path),
                        ("advantage.critic.init_from", OmegaConf.select(cfg, "advantage.critic.init_from"))):
         problem = model_source_problem(key, value)

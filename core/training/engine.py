@@ -251,6 +251,12 @@ def deepspeed_config(zero_cfg, optim_cfg, micro_batch: int, grad_accum: int, bf1
     for what in ("offload_optimizer", "offload_param"):
         if zero_cfg[what]:
             cfg["zero_optimization"][what] = {"device": "cpu", "pin_memory": True}
+    # Top-level keys, written only when set so null keeps DeepSpeed's own default (the model's dtype):
+    # Open-Instruct's get_train_ds_config writes grad_accum_dtype fp32, OpenRLHF's its --ds.grad_accum_dtype.
+    if zero_cfg.grad_accum_dtype is not None:
+        cfg["data_types"] = {"grad_accum_dtype": zero_cfg.grad_accum_dtype}
+    if zero_cfg.communication_data_type is not None:
+        cfg["communication_data_type"] = zero_cfg.communication_data_type
     return cfg
 
 

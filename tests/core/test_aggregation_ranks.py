@@ -15,7 +15,7 @@ WORLD, ACCUM, ROWS, R, H = 2, 2, 8, 5, 3  # 8 rows = 2 ranks x 2 micro-batches x
 def _batch():
     g = torch.Generator().manual_seed(0)
     feats = torch.randn(ROWS, R, H, generator=g)  # [N, R, H]
-    lengths = torch.tensor([5, 1, 3, 2, 4, 5, 1, 2])  # uneven, so per-micro-batch token counts differ
+    lengths = torch.tensor([5, 0, 3, 2, 4, 5, 1, 2])  # uneven token counts per micro-batch; one row empty
     mask = (torch.arange(R) < lengths.unsqueeze(-1)).float()  # [N, R]
     return feats, mask
 
@@ -60,6 +60,6 @@ def test_ranks_and_accumulation_equal_one_batch(name, tmp_path):
     dp = _data_parallel(name, tmp_path)
     if AGGREGATIONS.meta(name)["accumulation_exact"]:
         torch.testing.assert_close(dp, one, rtol=1e-12, atol=1e-12)
-    else:  # token_mean: each micro-batch divides by its own token count, so the split shows
+    else:  # token_mean / _nonempty: each micro-batch divides by its own token / non-empty row count
         assert not torch.allclose(dp, one, rtol=1e-6, atol=1e-9)
-    assert len(AGGREGATIONS.names()) == 4
+    assert len(AGGREGATIONS.names()) == 5

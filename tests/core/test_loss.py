@@ -3,6 +3,7 @@ and gradient accumulation equal to one big batch for the modes that promise it."
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 from core.algorithms.loss import (AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, AggContext, LossInput,
                        compute_policy_loss, kl_penalty)
 from core.config import schema
+from core.config.validate import ConfigError, final_config
 
 LOSS = schema.node(schema.LossConfig, {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "dual_clip": None,
                          "entropy_coef": 0.0, "aggregation": "token_mean",
@@ -30,7 +32,8 @@ def _inp(ratio, adv, mask=None, **kw):
 def test_registered_names_are_counted():
     assert POLICY_LOSSES.names() == ["gspo", "ppo_clip"]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
-    assert AGGREGATIONS.names() == ["seq_mean_token_mean", "token_mean", "token_mean_global", "token_sum_norm"]
+    assert AGGREGATIONS.names() == ["seq_mean_token_mean", "seq_mean_token_mean_nonempty", "token_mean",
+                                    "token_mean_global", "token_sum_norm"]
     assert IS_CORRECTIONS.names() == ["none", "sequence_geo_mask", "sequence_mask", "sequence_truncate",
                                       "token_mask", "token_truncate"]
 
@@ -86,6 +89,44 @@ def test_ppo_clip_matches_a_scalar_loop(seed):
             if a < 0:
                 ell = min(ell, -2.0 * a)
             assert abs(float(loss[i, t]) - ell) < 1e-5
+
+
+# --------------------------------------------------------------------------- log-ratio clamp
+# log pi - log pi_old per token, with advantages that keep each token on the unclipped branch (ratio below the
+# clip range with A > 0, above it with A < 0), so the loss is -ratio * A and every change of the ratio shows.
+LOG_RATIO = torch.tensor([[-30.0, -20.5, -20.0, -3.0, 0.0, 3.0, 19.5, 20.0, 20.5, 30.0, 100.0]])
+ADV = torch.where(LOG_RATIO < 0, 1.0, -1.0) * torch.where(LOG_RATIO == 0, 0.0, 1.0)  # [1, 11]
+
+
+def _ppo_loss_and_grad(clamp):
+    logp = LOG_RATIO.clone().requires_grad_(True)
+    loss, m = POLICY_LOSSES.get("ppo_clip")(LossInput(logp, torch.zeros_like(logp), ADV, torch.ones_like(logp)),
+                                            OmegaConf.merge(LOSS, {"log_ratio_clamp": clamp}))
+    loss.sum().backward()
+    return loss.detach(), logp.grad, m["ratio"]
+
+
+def test_log_ratio_clamp_changes_the_loss_exactly_beyond_the_bound():
+    free, free_grad, _ = _ppo_loss_and_grad(None)
+    clamped, grad, ratio = _ppo_loss_and_grad(20.0)
+    beyond = LOG_RATIO.abs() > 20  # [1, 11]
+    assert int(beyond.sum()) == 5  # -30, -20.5, 20.5, 30, 100
+    assert torch.equal(clamped[~beyond], free[~beyond])  # the same operations on the same numbers
+    assert bool((clamped[beyond] != free[beyond]).all())
+    bound = torch.exp(torch.tensor(20.0))
+    torch.testing.assert_close(ratio[beyond], torch.where(LOG_RATIO[beyond] > 0, bound, 1 / bound))
+    torch.testing.assert_close(clamped[beyond], -ratio[beyond] * ADV[beyond])
+    # Unclamped, exp(100) overflows float32: an infinite loss and a non-finite gradient (TRL's behaviour).
+    assert torch.isinf(free[0, -1]) and not torch.isfinite(free_grad).all()
+    assert torch.isfinite(clamped).all() and torch.isfinite(grad).all()
+    assert bool((grad[beyond] == 0).all()) and bool((grad[~beyond & (ADV != 0)] != 0).all())
+
+
+def test_gspo_clamps_the_sequence_mean_log_ratio():
+    logp = torch.tensor([[30.0, 20.0, 99.0], [10.0, 20.0, 0.0]])  # row means 25 (two tokens) and 10
+    inp = LossInput(logp, torch.zeros(2, 3), -torch.ones(2, 3), torch.tensor([[1, 1, 0], [1, 1, 1]]))
+    _, m = POLICY_LOSSES.get("gspo")(inp, OmegaConf.merge(LOSS, {"log_ratio_clamp": 20.0}))
+    torch.testing.assert_close(m["ratio"][:, 0], torch.exp(torch.tensor([20.0, 10.0])))
 
 
 # --------------------------------------------------------------------------- IS corrections
@@ -176,6 +217,50 @@ def test_aggregations_hand_computed():
     assert AGGREGATIONS.get("token_mean_global")(X, M, ctx).item() == pytest.approx(10 / 8)
     assert AGGREGATIONS.get("seq_mean_token_mean")(X, M, ctx).item() == pytest.approx((2 + 4) / 2 / 2)
     assert AGGREGATIONS.get("token_sum_norm")(X, M, ctx).item() == pytest.approx(10 / (2 * 5) / 2)
+    empty = torch.tensor([[1, 1, 1], [0, 0, 0]])  # the second row has no loss tokens
+    assert AGGREGATIONS.get("seq_mean_token_mean")(X, empty, ctx).item() == pytest.approx((2 + 0) / 2 / 2)
+    assert AGGREGATIONS.get("seq_mean_token_mean_nonempty")(X, empty, ctx).item() == pytest.approx(2 / 1 / 2)
+    assert AGGREGATIONS.get("seq_mean_token_mean_nonempty")(X, M, ctx).item() == pytest.approx((2 + 4) / 2 / 2)
+
+
+def test_gspo_denominators_differ_by_rows_over_non_empty_rows():
+    """TRL (loss_type grpo) counts a fully masked row, OpenRLHF and veRL leave it out: 4 rows, 1 empty."""
+    g = torch.Generator().manual_seed(0)
+    logp, old, adv = (torch.randn(4, 5, generator=g) * 0.01 for _ in range(3))
+    mask = torch.ones(4, 5)
+    mask[2] = 0  # e.g. a truncated completion under mask_truncated
+    inp = LossInput(logp, old, adv, mask)
+    ctx = AggContext(num_micro_batches=1)
+    gspo = schema.node(schema.LossConfig, name="gspo", clip_low=3e-4, clip_high=4e-4)
+    counted, _ = compute_policy_loss(inp, OmegaConf.merge(gspo, {"aggregation": "seq_mean_token_mean"}), KL, ctx)
+    skipped, _ = compute_policy_loss(inp, OmegaConf.merge(gspo, {"aggregation": "seq_mean_token_mean_nonempty"}),
+                                     KL, ctx)
+    assert counted.item() != 0
+    assert skipped.item() == pytest.approx(counted.item() * 4 / 3, rel=1e-6)
+    mask[2] = 1  # no empty row: the two agree
+    full = [compute_policy_loss(inp, OmegaConf.merge(gspo, {"aggregation": a}), KL, ctx)[0].item()
+            for a in ("seq_mean_token_mean", "seq_mean_token_mean_nonempty")]
+    assert full[0] == pytest.approx(full[1], rel=1e-6)
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("loss.log_ratio_clamp=0", "loss.log_ratio_clamp=0.0: expected a number > 0 or null"),
+    ("loss.log_ratio_clamp=-20", "loss.log_ratio_clamp=-20.0: expected a number > 0 or null"),
+    ("loss.aggregation=seq_mean_nonempty", "loss.aggregation='seq_mean_nonempty': expected one of"),
+])
+def test_bad_loss_choices_are_refused_by_name(compose_cfg, override, expected):
+    for group in ("loss=ppo_clip", "loss=gspo"):
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            final_config(compose_cfg(group, override))
+
+
+def test_loss_options_name_both_choices(compose_cfg):
+    for group in ("ppo_clip", "gspo"):
+        cfg = final_config(compose_cfg(f"loss={group}", "loss.log_ratio_clamp=20.0",
+                                       "loss.aggregation=seq_mean_token_mean_nonempty"))
+        assert cfg.loss.log_ratio_clamp == 20.0 and cfg.loss.aggregation == "seq_mean_token_mean_nonempty"
+    assert compose_cfg("loss=gspo").loss.log_ratio_clamp is None  # null: TRL, the schema default
+    assert compose_cfg("loss=gspo").loss.aggregation == "seq_mean_token_mean"
 
 
 def _grad(name, x, mask, splits, max_tokens=7):
@@ -191,13 +276,14 @@ def _grad(name, x, mask, splits, max_tokens=7):
 def test_gradient_accumulation_matches_one_big_batch(name, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(8, 6, generator=g)
-    lengths = torch.tensor([1, 6, 2, 6, 3, 1, 6, 6])  # unequal token counts per micro-batch
+    lengths = torch.tensor([1, 6, 0, 6, 3, 1, 6, 6])  # unequal token counts per micro-batch, one empty row
     mask = (torch.arange(6) < lengths.unsqueeze(1)).float()
     big = _grad(name, x, mask, [slice(0, 8)])
     accum = _grad(name, x, mask, [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)])
     if AGGREGATIONS.meta(name)["accumulation_exact"]:
         torch.testing.assert_close(accum, big)
-    else:  # token_mean weights micro-batches equally, not tokens: documented, not promised
+    else:  # token_mean weights micro-batches equally, not tokens; _nonempty rows of micro-batches with fewer
+        # non-empty rows weigh more: documented, not promised
         assert not torch.allclose(accum, big)
 
 

@@ -115,3 +115,16 @@ def test_bad_option_values_are_collected_together(compose_cfg):
                              "loss.is_correction.high=null"))
     for part in ("advantage.std='global' with advantage.name=grpo", "loss.is_correction.mode=token_mask needs"):
         assert part in msg
+
+
+def test_deepspeed_dtype_keys_compose_validate_and_refuse_by_name(compose_cfg):
+    for stage in ("stage1", "stage2", "stage3"):
+        cfg = final_config(compose_cfg(f"zero={stage}", "zero.grad_accum_dtype=fp32",
+                                       "zero.communication_data_type=bf16"))
+        assert (cfg.zero.grad_accum_dtype, cfg.zero.communication_data_type) == ("fp32", "bf16")
+        assert compose_cfg(f"zero={stage}").zero.grad_accum_dtype is None  # null: DeepSpeed's default
+    msg = _error(compose_cfg("zero=stage2", "zero.grad_accum_dtype=fp64", "zero.communication_data_type=float32"))
+    assert "zero.grad_accum_dtype='fp64': expected one of [None, 'fp16', 'bf16', 'fp32']" in msg
+    assert "zero.communication_data_type='float32': expected one of [None, 'fp16', 'bf16', 'fp32']" in msg
+    msg = _error(compose_cfg("zero=none", "zero.grad_accum_dtype=fp32"))
+    assert "zero.grad_accum_dtype=fp32 with zero.stage=0: it is a DeepSpeed setting" in msg
