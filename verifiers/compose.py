@@ -1,4 +1,6 @@
-"""Reward composition: a weighted sum of named verifiers, with None handling, penalties and per-verifier metrics.
+"""Reward composition: a weighted sum of named verifiers, with None handling, penalties and per-verifier metrics;
+registered as the ``weighted`` verifier (TRL's several reward functions with weights) and, with a router from a
+dataset column to verifiers and a scale, as ``routed`` (Open-Instruct Tulu 3's GSM8K / MATH / IFEval at 10).
 
 None handling follows TRL GRPOTrainer (reference open_r1.md §2): a verifier's None becomes NaN and the weighted sum
 is a ``nansum``, so it contributes 0; a sample whose every term is None stays None (skipped).
@@ -12,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from verifiers import get_verifier
+from verifiers import get_verifier, register_verifier
 
 
 @dataclass
@@ -91,3 +93,45 @@ def open_instruct_reward(verifier: str, verification_reward: float = 10.0,
                          penalty_reward_value: float = -10.0) -> ComposedReward:
     """Tulu 3 RLVR reward: ``verification_reward`` x verified, replaced by the penalty for non-stopped responses."""
     return ComposedReward([Term(verifier, verification_reward)], non_stop_penalty=penalty_reward_value)
+
+
+# --------------------------------------------------------------------------------------- as named verifiers
+@register_verifier("weighted")
+def weighted(completions: list[str], terms: Sequence[Any] = (), **columns) -> list[float | None]:
+    """Several rewards summed with weights, as TRL's ``reward_funcs`` with ``reward_weights`` (Open-R1: accuracy +
+    format + tag_count, or code + 0.1 code_format; reference open_r1.md §2). ``terms``: a list of
+    ``{name, weight, kwargs}`` (``verifier.kwargs.terms``); None per term handled as :class:`ComposedReward`."""
+    return ComposedReward(terms)(completions, **columns)
+
+
+@register_verifier("routed")
+def routed(completions: list[str], routes: dict | None = None, route_column: str = "dataset", scale: float = 1.0,
+           **columns) -> list[float | None]:
+    """Each row scored by the verifier its ``route_column`` names, times ``scale``: Open-Instruct Tulu 3's
+    ``apply_verifiable_reward`` dispatches on ``dataset.lower()`` (gsm8k, math, ifeval) and pays
+    ``verify_reward=10`` for a verified sample (allenai/open-instruct@3dd7a07d ``model_utils.py``,
+    ``ground_truth_utils.py``; reference open_instruct.md §3.1). ``routes`` maps the lower-cased column value to a
+    verifier name; a value it does not name is refused (naming the value and the routes)."""
+    n = len(completions)
+    if not routes:
+        raise ValueError("verifier routed needs kwargs.routes: {column value: verifier name}")
+    if route_column not in columns:
+        raise KeyError(f"verifier routed: the rows have no {route_column!r} column (kwargs.route_column); "
+                       f"columns: {sorted(k for k, v in columns.items() if _is_column(v, n))}")
+    tags = [str(v).lower() for v in columns[route_column]]
+    unknown = sorted(set(tags) - set(routes))
+    if unknown:
+        raise KeyError(f"verifier routed: {route_column} value(s) {unknown} have no route; routes: {dict(routes)}")
+    out: list[float | None] = [None] * n
+    for tag in sorted(set(tags)):
+        idx = [i for i, t in enumerate(tags) if t == tag]
+        cols = {k: [v[i] for i in idx] if _is_column(v, n) else v for k, v in columns.items()}
+        vals = get_verifier(routes[tag])([completions[i] for i in idx], **cols)
+        for i, v in zip(idx, vals):
+            out[i] = None if v is None else float(scale) * float(v)
+    return out
+
+
+def _is_column(value: Any, n: int) -> bool:
+    """A dataset column reaches a verifier as a list aligned with the completions; anything else is a setting."""
+    return isinstance(value, (list, tuple)) and len(value) == n

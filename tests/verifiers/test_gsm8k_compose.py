@@ -75,3 +75,27 @@ def test_math500_source_variants_counts(shared_data):
     assert len(misses) == 7 and "\\text{east}" in misses  # Qwen-Math strip_string removes unit words
     r1 = get_verifier("math_open_r1")(sols, solution=sols)
     assert sum(v == 1.0 for v in r1) == 492  # malformed_operators=False: "\frac43", "11\sqrt2" do not parse
+
+
+def test_weighted_verifier_sums_terms_as_trl_reward_weights():
+    """``verifier.name=weighted``: Open-R1's accuracy + format + tag_count, each term's None adding nothing."""
+    w = get_verifier("weighted")
+    good = "<think>\nfine\n</think>\n<answer>\n\\boxed{18}\n</answer>"
+    terms = [{"name": "math", "weight": 1.0}, {"name": "format", "weight": 1.0}, {"name": "tag_count", "weight": 0.5}]
+    assert w([good, "no tags 18"], terms=terms, answer=["18", "18"]) == [2.5, 0.0]
+    assert w([good], terms=terms, answer=[""]) == [1.5]  # math says None (no gold): format and tags still count
+    with pytest.raises(ValueError, match="at least one term"):
+        w(["x"], answer=["1"])
+
+
+def test_routed_verifier_dispatches_on_the_dataset_column_with_a_scale():
+    """Open-Instruct Tulu 3: ``dataset`` gsm8k / MATH / ifeval, 10 for a verified sample."""
+    r = get_verifier("routed")
+    routes = {"gsm8k": "gsm8k", "math": "math_tulu3"}
+    out = r(["so 18", "\\boxed{2}", "so 17", "\\boxed{3}"], routes=routes, scale=10.0,
+            dataset=["gsm8k", "MATH", "gsm8k", "MATH"], ground_truth=["18", "2", "18", "2"], answer=["18", "", "18", ""])
+    assert out == [10.0, 10.0, 0.0, 0.0]
+    with pytest.raises(KeyError, match=r"dataset value\(s\) \['ifeval'\] have no route"):
+        r(["x"], routes=routes, dataset=["ifeval"], answer=["1"])
+    with pytest.raises(KeyError, match="the rows have no 'source' column"):
+        r(["x"], routes=routes, route_column="source", answer=["1"])
