@@ -132,3 +132,21 @@ def test_the_checkpoints_generation_defaults_do_not_leak_in(model_tok):
             model.generation_config = saved
     assert torch.equal(outs[0].input_ids, outs[1].input_ids)
     assert torch.equal(outs[0].logprobs, outs[1].logprobs)
+
+
+def test_stop_token_ids_end_a_completion_like_an_eos(model_tok):
+    """``rollout.stop_token_ids`` (SimpleRL-Zoo's vLLM stop ids): generation stops on the first one, which stays in
+    the response and its mask, and the completion finishes as "stop"."""
+    model, tok = model_tok
+    sp, prompts = Sampling(max_new_tokens=8, temperature=0.0), _prompts(tok)
+    free = _engine(model, tok).generate(prompts, sp)
+    # a token first appearing before a row's last masked position (not an EOS): the id to stop on
+    picks = [(r, p) for r in range(len(prompts)) for p in range(int(free.response_mask[r].sum()) - 1)
+             if free.response_ids[r, p] not in free.response_ids[r, :p]]
+    assert picks, "the tiny model's greedy completions must give a token to stop on"
+    row, pos = max(picks, key=lambda rp: rp[1])  # the latest: most of the row must match the free run
+    resp = free.response_ids[row].tolist()
+    stopped = _engine(model, tok, stop_token_ids=[resp[pos]]).generate([prompts[row]], sp)
+    assert stopped.response_ids[0, :pos + 1].tolist() == resp[:pos + 1]
+    assert stopped.response_mask[0].tolist() == [1] * (pos + 1) + [0] * (stopped.response_mask.shape[1] - pos - 1)
+    assert stopped.finish_reason == ["stop"]

@@ -166,6 +166,7 @@ class RolloutConfig:
     top_p: float = ck(1.0, lambda v: None if 0 < v <= 1 else "a number in (0, 1]")
     top_k: int = ck(0, at_least(-1))  # 0 or -1 (vLLM's spelling): off
     generation_batch_size: int = ck(0, NONNEG)  # 0: all at once
+    stop_token_ids: List[int] = field(default_factory=list)  # end a completion, besides the EOS ids
     gather_for_generation: bool = True
     vllm: Optional[VllmConfig] = None
     server: Optional[ServerConfig] = None

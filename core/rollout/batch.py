@@ -110,9 +110,10 @@ def concat_rollouts(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     )
 
 
-def eos_token_ids(tokenizer, model=None) -> list[int]:
-    """EOS ids: the tokenizer's plus any in the model's generation config (Llama-3 lists several)."""
-    ids = {tokenizer.eos_token_id}
+def eos_token_ids(tokenizer, model=None, extra=()) -> list[int]:
+    """The ids that end a completion: the tokenizer's EOS, any in the model's generation config (Llama-3 lists
+    several) and ``extra`` (``rollout.stop_token_ids``: SimpleRL-Zoo's vLLM stop ids)."""
+    ids = {tokenizer.eos_token_id, *(int(i) for i in extra)}
     gen = getattr(model, "generation_config", None)
     extra = getattr(gen, "eos_token_id", None)
     ids.update(extra if isinstance(extra, (list, tuple)) else [extra])

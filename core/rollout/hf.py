@@ -60,7 +60,7 @@ class HFGenerateRollout:
     def __init__(self, model, tokenizer, cfg):
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = int(cfg.generation_batch_size)
-        self.eos_ids = eos_token_ids(tokenizer, model)
+        self.eos_ids = eos_token_ids(tokenizer, model, cfg.stop_token_ids)
         self.gathers_policy = bool(cfg.gather_for_generation)  # ZeRO-3: the loop gathers it whole around generate
 
     @property

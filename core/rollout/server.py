@@ -66,7 +66,7 @@ class ServerRollout:
     def __init__(self, model, tokenizer, cfg):
         server = cfg.server
         self.urls = server_urls(server)
-        self.tokenizer, self.eos_ids = tokenizer, eos_token_ids(tokenizer, model)
+        self.tokenizer, self.eos_ids = tokenizer, eos_token_ids(tokenizer, model, cfg.stop_token_ids)
         self.device = next(model.parameters()).device
         self.clients: list = []  # rank 0's, one per engine; empty elsewhere
         if distributed.is_main():
