@@ -57,6 +57,19 @@ class Config:
     logger: Any = None
     scale: Any = None
     layout: Any = None
+    source: Optional["SourceConfig"] = None  # what a named recipe reproduces (recipes/explain.py reads it)
+
+
+@dataclass
+class SourceConfig:
+    """The published run a recipe reproduces: ``name`` picks how ``python -m recipes.explain`` states the batch
+    arithmetic in that framework's own flags; ``flags`` holds the source's values that our keys derive from
+    (Open-Instruct ``total_episodes``); ``notes`` are printed as given (figures an article quotes differently)."""
+
+    name: str = ck("none", registered("recipes.explain", "SOURCE_VIEWS"))
+    ref: str = ""  # repository, file and commit
+    flags: Dict[str, Any] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
 
 
 # --- model, data ------------------------------------------------------------------------------------------
