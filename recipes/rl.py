@@ -7,10 +7,12 @@ accumulated from micro-batches; the critic steps alongside. Everything algorithm
 lookup in ``core/`` (docs/algorithms.md).
 
 Data parallel under ``torchrun`` (``core/training/distributed.py``): every rank draws the same prompts and
-keeps its share of them (whole groups), samples, scores and shapes its rows with its own RNG stream,
-and trains on them; what crosses ranks is what the sources reduce: gradients (the engine), token
-counts of an optimiser step (``token_mean_global``), batch-scope statistics (``std: batch``, global
-whitening), the adaptive KL's input, evaluation counts and the logged metrics. Rank 0 writes.
+keeps a contiguous slice of the step's group-major completions (TRL 1.16 ``process_slice``: a group may
+span ranks), samples, scores and shapes its rows with its own RNG stream, and trains on them; what crosses
+ranks is what the sources reduce: every rank's scores for the group baselines (TRL gathers the rewards
+before the group mean/std; each rank keeps its rows' advantages), gradients (the engine), token counts of
+an optimiser step (``token_mean_global``), global whitening, the adaptive KL's input, evaluation counts and
+the logged metrics. Rank 0 writes.
 
 Placement (``core/training/device.py``): one device per rank, resolved before any model is built, holds
 the policy, reference, critic and every tensor of a step; ``model.dtype=bfloat16`` trains in bf16 with
@@ -220,12 +222,13 @@ def train(run: Run) -> None:
 def rl_step(run: Run) -> dict:
     """One RL step: sample, score and shape, rollout-phase forwards, advantages, updates."""
     cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
-    idx = run.sampler.next()[distributed.rank()::distributed.world()]  # this rank's prompts, whole groups
-    rows = [run.train_rows[i] for i in idx for _ in range(G)]  # group-major: G consecutive rows per prompt
+    step_rows = [i for i in run.sampler.next() for _ in range(G)]  # the step's rows, group-major: G per prompt
+    idx = step_rows[distributed.own_rows(len(step_rows))]  # this rank's contiguous slice (a group may span ranks)
+    rows = [run.train_rows[i] for i in idx]
     with timer.phase("sync"):  # hf: nothing to copy; vllm: one parameter at a time (gathered alone under ZeRO-3)
         run.rollout.sync_weights(run.engine)
     with timer.phase("generate"), run.engine.gathered(run.rollout.gathers_policy):
-        roll = run.rollout.generate([run.train_ids[i] for i in idx for _ in range(G)],
+        roll = run.rollout.generate([run.train_ids[i] for i in idx],
                                     Sampling.from_cfg(cfg.rollout))
     with timer.phase("verify"):
         raw, valid, texts = score(run, roll, rows)  # [N], [N], N

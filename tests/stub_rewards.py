@@ -12,3 +12,15 @@ def gold_parity(completions: list[str], answer: list[str], **_) -> list[float]:
 def exact(completions: list[str], answer: list[str]) -> list[float]:
     """1.0 where the completion is the answer: a reward with no keyword arguments beyond its columns."""
     return [float(c.strip() == str(a)) for c, a in zip(completions, answer)]
+
+
+def step_position(completions: list[str], **_) -> list[float]:
+    """The completion's place in the RL step's rows, modulo 3: rewards that differ inside every group of two
+    or more even when greedy decoding makes a group's completions equal. Under data parallelism each rank
+    holds a contiguous slice of the step's rows in rank order (TRL ``process_slice``), so rank ``r`` of
+    ``n`` rows starts at row ``r x n``: the same reward per row as one process gives. Training rows only
+    (evaluation splits its prompts otherwise)."""
+    import torch.distributed as dist
+
+    first = dist.get_rank() * len(completions) if dist.is_initialized() else 0
+    return [float((first + i) % 3) for i in range(len(completions))]

@@ -56,6 +56,27 @@ def test_two_ranks_train_like_one_process(one_process, tmp_path, zero):
     assert len(results(tmp_path)) == 1
 
 
+# 3 prompts x 2 completions on 2 ranks: 3 rows each, so the second prompt's group spans the ranks (TRL
+# process_slice; the old whole-groups split refused it). The reward of a row is its place in the step.
+SPLIT = [*SAME[:5], "verifier.name=tests.stub_rewards:step_position", "kl=k1", "rollout.greedy=true",
+         "loss.aggregation=token_mean_global", "train.prompts_per_step=3", "train.group_size=2",
+         "train.mini_batch_size=6", "train.micro_batch_size=3"]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("advantage", ["advantage=grpo", "advantage=rloo"])
+def test_groups_spanning_ranks_train_like_one_process(tmp_path, advantage):
+    _run(tmp_path / "one", 1, *SPLIT, advantage)
+    _run(tmp_path / "two", 2, *SPLIT, advantage)
+    want, got = ([r for r in _rows(tmp_path / d) if "grad_norm" in r] for d in ("one", "two"))
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2]
+    for g, w in zip(got, want):
+        assert w["reward/mean"] == 1.0 and w["grad_norm"] > 0  # rewards 0, 1, 2, 0, 1, 2: a real gradient
+        assert g["reward/mean"] == w["reward/mean"]
+        for key in ("grad_norm", "loss", "kl_reward"):
+            assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-7), key
+
+
 @pytest.mark.distributed
 def test_two_rank_run_killed_after_a_checkpoint_resumes(tmp_path):
     import os

@@ -10,6 +10,10 @@ then whitening). The pipeline is the one OpenRLHF documents (``OpenRLHF/OpenRLHF
 3. the score placed at the last response token plus ``-beta * KL_t`` on every token (KL in reward);
 4. returns ``G_t = sum_{k>=t} gamma^(k-t) r_k`` (or GAE with a critic), then optional whitening.
 
+Data parallel: each rank holds a contiguous slice of the step's group-major rows, so a group may span
+ranks (TRL 1.16 ``grpo_trainer.py`` ``process_slice``). Step 1 runs on the whole step's scores, gathered
+from every rank (:func:`_on_groups`); steps 2-4 and the critic's values stay per rank, on its own rows.
+
 Without KL-in-reward, step 3-4 reduce to broadcasting the shaped score to every response token,
 which is what TRL, veRL and Open-Instruct GRPO do; the two forms agree exactly (tested).
 """
@@ -26,9 +30,9 @@ from core.registry import Registry
 
 @dataclass
 class AdvantageInput:
-    scores: torch.Tensor  # [N] one scalar reward per completion; N = prompts x group_size, group-major
+    scores: torch.Tensor  # [N] one scalar reward per completion: this rank's contiguous slice of the step's rows
     response_mask: torch.Tensor  # [N, R] 1 on tokens that count
-    group_size: int  # G: completions per prompt, consecutive rows
+    group_size: int  # G: completions per prompt, consecutive rows of the step (every rank's, in rank order)
     values: torch.Tensor | None = None  # [N, R] critic values V(s_t) (value-model estimators only)
     kl_reward: torch.Tensor | None = None  # [N, R] -beta * KL_t per token (KL placement "reward")
     reward_clip: tuple[float, float] | None = None  # clamp of the shaped score (OpenRLHF (-10, 10))
@@ -115,8 +119,16 @@ def _outcome(inp: AdvantageInput, shaped: torch.Tensor, gamma: float = 1.0):
     return ret, ret
 
 
-def _groups(inp: AdvantageInput) -> torch.Tensor:
-    return inp.scores.float().view(-1, inp.group_size)  # [B, G]
+def _on_groups(inp: AdvantageInput, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``fn`` (whole groups ``[B, G]`` -> shaped scores ``[B, G]``) on the step's groups; returns this rank's
+    rows ``[N]`` of the result. Ranks hold contiguous slices of the group-major rows, so a group may span
+    ranks: as TRL 1.16 does (``grpo_trainer.py``: ``rewards_per_func = gather(...)`` before the group
+    mean/std, then ``advantages[process_slice]``), every rank's scores are gathered, always, not only when
+    a group spans ranks: one path for every split, the same numbers, and a batch-scope statistic reads the
+    same gathered scores. The cost is one all-gather of a float per completion. A world of one: no gather."""
+    r = distributed.gather_rows(inp.scores.float())  # [N_step] every rank's rows in rank order = the step's order
+    out = fn(r.view(-1, inp.group_size)).flatten()  # [N_step]
+    return out[distributed.own_rows(r.shape[0])]  # [N] this rank's rows
 
 
 def _mean(r: torch.Tensor, dim=None) -> torch.Tensor:
@@ -144,21 +156,10 @@ def _excluded_zero(shaped: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------- estimators
-def _batch_std(r: torch.Tensor, unbiased: bool) -> torch.Tensor:
-    """Std over the whole step's scores, every data-parallel rank's (TRL gathers the rewards of all
-    processes before ``scale_rewards="batch"``); NaN (excluded) scores skipped."""
-    if distributed.world() == 1:
-        return _std(r.flatten(), None, unbiased)
-    x = r.flatten().double()
-    x = x[~x.isnan()]
-    n, total = distributed.all_sum(torch.stack([x.new_tensor(float(x.numel())), x.sum()]))
-    ss = distributed.all_sum(((x - total / n) ** 2).sum())
-    return (ss / (n - 1) if unbiased else ss / n).sqrt().float()
-
-
 _STD_SCOPES = {
     "group": lambda r, unbiased: _std(r, -1, unbiased),  # [B, 1]
-    "batch": lambda r, unbiased: _batch_std(r, unbiased).expand(r.shape[0], 1),  # [B, 1]
+    # the whole step's scores, every rank's (TRL gathers the rewards of all processes before "batch")
+    "batch": lambda r, unbiased: _std(r.flatten(), None, unbiased).expand(r.shape[0], 1),  # [B, 1]
     "none": None,
 }
 
@@ -175,12 +176,13 @@ def grpo(inp: AdvantageInput, cfg):
     ``grpo_trainer.py``), 1e-6 veRL (``core_algos.compute_grpo_outcome_advantage``), 1e-8 Open-Instruct,
     1e-9 OpenRLHF ``group_norm``.
     """
-    r = _groups(inp)  # [B, G]
-    centred = r - _mean(r, -1)  # [B, G]
     scope = _STD_SCOPES[cfg.std]
-    if scope is not None:
-        centred = centred / (scope(r, bool(cfg.unbiased_std)) + float(cfg.eps))  # [B, G]
-    return _outcome(inp, _excluded_zero(centred.flatten()))
+
+    def normalised(r: torch.Tensor) -> torch.Tensor:  # [B, G] -> [B, G]
+        centred = r - _mean(r, -1)  # [B, G]
+        return centred if scope is None else centred / (scope(r, bool(cfg.unbiased_std)) + float(cfg.eps))
+
+    return _outcome(inp, _excluded_zero(_on_groups(inp, normalised)))
 
 
 @ADVANTAGES.register("dr_grpo", min_group_size=2, excludes_nan=True)
@@ -188,17 +190,15 @@ def dr_grpo(inp: AdvantageInput, cfg):
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): ``A_i = r_i - mean_group(r)``,
     no std division (OpenRLHF ``dr_grpo``, TRL ``scale_rewards="none"``, veRL
     ``norm_adv_by_std_in_grpo=False``). Pair with aggregation ``token_sum_norm`` for the paper's loss."""
-    r = _groups(inp)  # [B, G]
-    return _outcome(inp, _excluded_zero((r - _mean(r, -1)).flatten()))
+    return _outcome(inp, _excluded_zero(_on_groups(inp, lambda r: r - _mean(r, -1))))  # [B, G] -> [B, G]
 
 
 @ADVANTAGES.register("rloo", min_group_size=2)
 def rloo(inp: AdvantageInput, cfg):
     """RLOO (Ahmadian et al. 2024): baseline is the mean of the *other* G-1 samples of the group,
     ``A_i = r_i - (sum_g r - r_i) / (G - 1)`` (OpenRLHF ``rloo``)."""
-    r = _groups(inp)  # [B, G]
-    baseline = (r.sum(-1, keepdim=True) - r) / (inp.group_size - 1)  # [B, G]
-    return _outcome(inp, (r - baseline).flatten())
+    G = inp.group_size
+    return _outcome(inp, _on_groups(inp, lambda r: r - (r.sum(-1, keepdim=True) - r) / (G - 1)))  # [B, G]
 
 
 @ADVANTAGES.register("reinforce_pp", min_group_size=1)
@@ -213,8 +213,7 @@ def reinforce_pp(inp: AdvantageInput, cfg):
 def reinforce_pp_baseline(inp: AdvantageInput, cfg):
     """REINFORCE++-baseline (OpenRLHF ``reinforce_baseline``): score minus the group mean, then the
     (gamma = 1) return with the KL penalty, then global whitening."""
-    r = _groups(inp)  # [B, G]
-    return _outcome(inp, (r - r.mean(-1, keepdim=True)).flatten())
+    return _outcome(inp, _on_groups(inp, lambda r: r - r.mean(-1, keepdim=True)))  # [B, G] -> [B, G]
 
 
 @ADVANTAGES.register("gae", min_group_size=1, needs_values=True, choices={"score_position": SCORE_POSITIONS})

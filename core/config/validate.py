@@ -190,15 +190,17 @@ BATCH_SPLITS: Registry = Registry("batch split")
 
 @BATCH_SPLITS.register("rl")
 def rl_batch_problems(t, world: int) -> list[str]:
-    """An RL step's completions split into whole mini-batches; each rank takes whole groups of prompts and an
-    equal share of every mini-batch in whole micro-batches (recipes/rl.py)."""
+    """An RL step's completions split into whole mini-batches; each rank takes an equal contiguous slice of the
+    step's group-major completions, as TRL 1.16 splits them (``process_slice``; a group may span ranks, its
+    scores are gathered for the baseline), and an equal share of every mini-batch in whole micro-batches
+    (recipes/rl.py). Only the completion count has to divide by the ranks, not the prompt count."""
     samples, errors = int(t.prompts_per_step) * int(t.group_size), []
+    completions = f"train.prompts_per_step x train.group_size = {t.prompts_per_step} x {t.group_size} = {samples}"
     if samples % int(t.mini_batch_size):
-        errors.append(f"train.prompts_per_step x train.group_size = {t.prompts_per_step} x {t.group_size} = "
-                      f"{samples} completions is not divisible by train.mini_batch_size={t.mini_batch_size}")
-    if int(t.prompts_per_step) % world:
-        errors.append(f"train.prompts_per_step={t.prompts_per_step} is not divisible by the world size "
-                      f"{world}: each rank takes whole groups of prompts")
+        errors.append(f"{completions} completions is not divisible by train.mini_batch_size={t.mini_batch_size}")
+    if samples % world:
+        errors.append(f"{completions} completions is not divisible by the world size {world}: each rank takes an "
+                      f"equal slice of them")
     if int(t.mini_batch_size) % (int(t.micro_batch_size) * world):
         errors.append(f"train.mini_batch_size={t.mini_batch_size} is not divisible by train.micro_batch_size x "
                       f"world size = {t.micro_batch_size} x {world}")

@@ -61,6 +61,16 @@ def gather_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def own_rows(total: int) -> slice:
+    """This rank's contiguous, equal share of a step's ``total`` rows (TRL 1.16 ``grpo_trainer.py``
+    ``process_slice``): rank ``r`` of ``w`` holds rows ``[r total/w, (r+1) total/w)``, so :func:`gather_rows`
+    of the shares gives the rows back in order. ``total`` divides by the world (``core/config/validate.py``)."""
+    if total % world():
+        raise ValueError(f"{total} rows do not split evenly over {world()} ranks")
+    n = total // world()
+    return slice(rank() * n, (rank() + 1) * n)
+
+
 def broadcast_object(obj):
     """Rank 0's ``obj`` on every rank (a run directory, a config-derived string)."""
     if world() == 1:

@@ -77,7 +77,8 @@ BAD = [
      "layout.mode=dedicated with layout.rollout_gpus=0"),
     (["layout=simplerl_zoo_2node", "layout.learner_gpus=12"], 12,
      "layout.learner_gpus=12 spans nodes but is not a multiple of layout.gpus_per_node=8"),
-    (["layout=dedicated", "rollout=vllm_server"], 7, "train.prompts_per_step=16 is not divisible by the world size 7"),
+    (["layout=dedicated", "rollout=vllm_server"], 7,
+     "train.prompts_per_step x train.group_size = 16 x 8 = 128 completions is not divisible by the world size 7"),
     (["layout.mode=hybrid"], 1, "layout.mode='hybrid': expected one of ['colocate', 'dedicated']"),
     (["rollout=vllm_server", "rollout.server.port=0"], 1, "rollout.server.port=0: expected a number in [1, 65535]"),
     (["rollout=vllm_server", "rollout.server.timeout_s=0"], 1, "rollout.server.timeout_s=0.0: expected a number > 0"),
@@ -112,6 +113,10 @@ def test_the_batch_split_uses_the_layouts_learners_not_the_process(compose_cfg, 
     """``final_config`` divides the batches over ``layout.learner_gpus``, as each of those ranks will."""
     monkeypatch.setenv("WORLD_SIZE", "7")
     final_config(compose_cfg("layout=dedicated", "rollout=vllm_server", *_batches(7)))
+    # Open-R1 Math-7B on 7 learners: per-device 16 x 7 = 112 completions, num_generations 7; 16 rows per rank, so
+    # groups span ranks, as TRL splits them
+    final_config(compose_cfg("layout=dedicated", "rollout=vllm_server", "train.prompts_per_step=16",
+                             "train.group_size=7", "train.mini_batch_size=112", "train.micro_batch_size=16"))
     with pytest.raises(ConfigError, match=r"train.mini_batch_size=112 is not divisible by train.micro_batch_size x "
                                           r"world size = 32 x 7"):
         final_config(compose_cfg("layout=dedicated", "rollout=vllm_server", *_batches(7)[:3],

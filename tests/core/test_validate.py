@@ -62,12 +62,36 @@ def test_rloo_with_group_size_one(compose_cfg):
     assert "train.group_size=1: advantage.name=rloo" in msg and "group_size >= 2" in msg
 
 
-def test_prompts_split_whole_over_ranks(compose_cfg):
-    cfg = compose_cfg("train.prompts_per_step=6", "train.group_size=8", "train.mini_batch_size=48",
-                      "train.micro_batch_size=8")
-    msg = _error_world(cfg, 4)
-    assert "train.prompts_per_step=6 is not divisible by the world size 4" in msg
-    check_rl(cfg, world_size=2)
+def _batch(prompts: int, group: int, mini: int, micro: int) -> list[str]:
+    return [f"train.prompts_per_step={prompts}", f"train.group_size={group}", f"train.mini_batch_size={mini}",
+            f"train.micro_batch_size={micro}"]
+
+
+# Splits TRL 1.16 accepts (its completions divide over the processes) whose groups span ranks: Open-R1's 7
+# learners x per-device 16 with num_generations 7 and 14, and the smallest ones the 2-rank tests train.
+SPLIT_GROUPS = [(7, _batch(16, 7, 112, 16)), (7, _batch(8, 14, 112, 16)), (2, _batch(3, 2, 6, 3)),
+                (2, _batch(3, 4, 12, 2)), (4, _batch(6, 8, 48, 4))]
+
+
+@pytest.mark.parametrize("world, batch", SPLIT_GROUPS)
+def test_completions_not_prompts_divide_over_ranks(compose_cfg, world, batch):
+    cfg = compose_cfg("advantage=grpo", *batch)
+    prompts, group = int(cfg.train.prompts_per_step), int(cfg.train.group_size)
+    assert prompts % world and (prompts * group // world) % group  # a rank's rows are not whole groups
+    plan = check_rl(cfg, world_size=world)
+    assert plan["grad_accum"] * int(cfg.train.micro_batch_size) * world == int(cfg.train.mini_batch_size)
+
+
+@pytest.mark.parametrize("world, batch, message", [
+    (8, _batch(9, 14, 126, 9), "train.prompts_per_step x train.group_size = 9 x 14 = 126 completions is not "
+                               "divisible by the world size 8: each rank takes an equal slice of them"),
+    (2, _batch(3, 3, 9, 1), "train.prompts_per_step x train.group_size = 3 x 3 = 9 completions is not divisible "
+                            "by the world size 2"),
+    (4, _batch(6, 8, 48, 8), "train.mini_batch_size=48 is not divisible by train.micro_batch_size x world size "
+                             "= 8 x 4"),
+])
+def test_completions_that_do_not_divide_over_ranks_are_refused(compose_cfg, world, batch, message):
+    assert message in _error_world(compose_cfg(*batch), world)
 
 
 def _error_world(cfg, world: int) -> str:
