@@ -145,6 +145,7 @@ class RolloutConfig:
     top_k: int = ck(0, at_least(-1))  # 0 or -1 (vLLM's spelling): off
     generation_batch_size: int = ck(0, NONNEG)  # 0: all at once
     gather_for_generation: bool = True
+    generate_ahead: int = ck(0, one_of(0, 1))  # core/rollout/ahead.py: 1 = Open-Instruct PPO's async_mode
     vllm: Optional[VllmConfig] = None
 
 
