@@ -45,6 +45,7 @@ from core.models.warm_start import warm_started_dir
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
 from core.reporting.results import append_row, write_summary
 from core.rollout import RolloutBatch, Sampling, build_rollout
+from core.rollout.ahead import GenerationAhead
 from core.training import distributed
 from core.training.checkpoint import (AlreadyFinished, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
@@ -72,6 +73,7 @@ class Run:
     verifier: object
     sampler: D.PromptSampler
     writer: MetricsWriter
+    gen: GenerationAhead  # which weights generate which batch: rollout.generate_ahead (core/rollout/ahead.py)
     critic: object = None  # optimiser engine of the value model (advantage.critic), else None
     kl_ctl: KLController | None = None
     step: int = 0
@@ -124,13 +126,13 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)
     if critic is not None:
         critic = _train_engine(critic, cfg, _critic_optim(cfg), total_updates, plan, device)
+    rollout = build_rollout(cfg.rollout.engine, engine.module, tokenizer, cfg.rollout)
     run = Run(cfg, run_dir, plan, train_rows, eval_rows, train_ids, eval_ids, tokenizer, device, engine,
-              FrozenModel(ref, cfg.zero, device) if ref is not None else None,
-              build_rollout(cfg.rollout.engine, engine.module, tokenizer, cfg.rollout), verifier,
+              FrozenModel(ref, cfg.zero, device) if ref is not None else None, rollout, verifier,
               D.PromptSampler(len(train_rows), int(cfg.train.prompts_per_step), int(cfg.seed)),
               MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main(),
                             wandb=cfg.logger.wandb, config=cfg),
-              critic=critic, kl_ctl=KLController(cfg.kl))
+              gen=GenerationAhead(rollout, int(cfg.rollout.generate_ahead)), critic=critic, kl_ctl=KLController(cfg.kl))
     if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
         seed_everything(int(cfg.seed) + 1_000_003 * rank)
     if prior.checkpoint is not None:
@@ -158,10 +160,11 @@ def _critic_optim(cfg) -> FrozenConfig:
 
 
 def _resume(run: Run, ckpt: Path) -> None:
-    """Engines, RNG streams, step, history, sampler and KL beta from ``ckpt``; the records cut back to what
-    the checkpoint saw, so the steps after it are logged once, by this run."""
+    """Engines, RNG streams, step, history, sampler, KL beta and the batch generated ahead from ``ckpt``; the
+    records cut back to what the checkpoint saw, so the steps after it are logged once, by this run."""
     state = load_training_state(ckpt, _Engines(run))
     run.step, run.history = state["step"], state["history"]
+    run.gen.restore(state["local"], run.device)
     run.sampler.restore(state["sampler"])
     run.kl_ctl.beta = float(state["kl_beta"])
     run.writer.rewind(state["metrics_rows"], state["sample_rows"])
@@ -212,7 +215,7 @@ def train(run: Run) -> None:
             save_training_state(run.run_dir / "checkpoint", _Engines(run),
                                 {"step": run.step, "history": run.history, "sampler": run.sampler.state(),
                                  "kl_beta": run.kl_ctl.beta, "metrics_rows": run.writer.rows,
-                                 "sample_rows": run.writer.sample_rows})
+                                 "sample_rows": run.writer.sample_rows}, local=run.gen.state())
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
     run.history["eval_after"] = evaluate(run)
@@ -222,14 +225,11 @@ def train(run: Run) -> None:
 def rl_step(run: Run) -> dict:
     """One RL step: sample, score and shape, rollout-phase forwards, advantages, updates."""
     cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
-    step_rows = [i for i in run.sampler.next() for _ in range(G)]  # the step's rows, group-major: G per prompt
-    idx = step_rows[distributed.own_rows(len(step_rows))]  # this rank's contiguous slice (a group may span ranks)
-    rows = [run.train_rows[i] for i in idx]
-    with timer.phase("sync"):  # hf: nothing to copy; vllm: one parameter at a time (gathered alone under ZeRO-3)
-        run.rollout.sync_weights(run.engine)
-    with timer.phase("generate"), run.engine.gathered(run.rollout.gathers_policy):
-        roll = run.rollout.generate([run.train_ids[i] for i in idx],
-                                    Sampling.from_cfg(cfg.rollout))
+    more = run.step + 1 < int(cfg.train.total_steps)  # a step follows: with generate_ahead its batch starts now
+    # the batch generated one step ahead, else this step's generated now (core/rollout/ahead.py)
+    idx, roll, made_by = run.gen.next_batch(run.engine, run.step, lambda: draw_prompts(run),
+                                            Sampling.from_cfg(cfg.rollout), more, timer)
+    rows = [run.train_rows[i] for i in idx]  # this rank's rows, group-major (a group may span ranks)
     with timer.phase("verify"):
         raw, valid, texts = score(run, roll, rows)  # [N], [N], N
     stopped = roll.stopped  # [N]
@@ -259,8 +259,19 @@ def rl_step(run: Run) -> dict:
         "length/mean": lengths.mean().item(), "length/max": lengths.max().item(),
         "length/truncated_frac": 1.0 - stopped.float().mean().item(), "kl/beta": beta,
         "tokens/generated": tokens[0].item(), "tokens/total": tokens[1].item(), **kl_metrics, **upd,
+        "rollout/policy_lag": run.step - made_by,  # versions between the weights trained and those that sampled
         **distributed.mean_metrics(timer.pop()), "memory/peak_mb": peak_memory_mb(),
     }
+
+
+def draw_prompts(run: Run) -> tuple[list[int], list[list[int]]]:
+    """The next RL step's rows for this rank: their prompt indices and token ids, one per completion. The step's
+    rows are group-major (G per prompt) and each rank takes its contiguous slice, so a group may span ranks (TRL's
+    ``process_slice``; the group statistics gather them: core/algorithms/advantage.py)."""
+    G = int(run.cfg.train.group_size)
+    step_rows = [i for i in run.sampler.next() for _ in range(G)]
+    idx = step_rows[distributed.own_rows(len(step_rows))]
+    return idx, [run.train_ids[i] for i in idx]
 
 
 def score(run: Run, roll: RolloutBatch, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
@@ -406,7 +417,7 @@ def evaluate(run: Run) -> float:
     share = slice(distributed.rank(), n, distributed.world())
     rows, ids = run.eval_rows[:n][share], run.eval_ids[:n][share]
     counts = torch.zeros(2, dtype=torch.float64)  # [correct, scored]
-    run.rollout.sync_weights(run.engine)  # collective under ZeRO-3
+    run.gen.push(run.engine, run.step)  # settles a generation in flight first; collective under ZeRO-3
     with run.engine.gathered(run.rollout.gathers_policy):  # collective under ZeRO-3: every rank enters, rows or not
         if rows or run.rollout.collective:  # a rank with no rows decodes a stand-in prompt alongside the others
             roll = run.rollout.generate(ids or run.eval_ids[:1], Sampling.from_cfg(run.cfg.rollout, greedy=True))

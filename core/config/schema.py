@@ -181,6 +181,7 @@ class RolloutConfig:
     generation_batch_size: int = ck(0, NONNEG)  # 0: all at once
     stop_token_ids: List[int] = field(default_factory=list)  # end a completion, besides the EOS ids
     gather_for_generation: bool = True
+    generate_ahead: int = ck(0, one_of(0, 1))  # core/rollout/ahead.py: 1 = Open-Instruct PPO's async_mode
     vllm: Optional[VllmConfig] = None
     server: Optional[ServerConfig] = None
 

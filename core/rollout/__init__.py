@@ -11,7 +11,16 @@ each imported when asked for. Every engine is built from
   (``engine.gathered``); true only for ``hf`` with ``rollout.gather_for_generation``;
 - ``collective``: ``generate`` takes part in collectives, so every rank calls it, with a stand-in prompt
   when it has none (``hf`` on partitioned ZeRO-3 weights, ``vllm`` with tensor parallelism);
-- ``generate(prompts, sampling)``: a :class:`core.rollout.batch.RolloutBatch`.
+- ``generate(prompts, sampling)``: a :class:`core.rollout.batch.RolloutBatch`;
+- ``start_generate(prompts, sampling)`` (optional): begin generating and return a handle whose ``result()`` is
+  that batch (a server engine sends its request from a thread and returns at once). ``result()`` is called
+  once, on every rank (it may take part in collectives), and no push happens between the start and it.
+  Engines without one generate at once (:func:`start_generate`, the base behaviour);
+- ``keeps_weights`` (optional, false when absent): the sampler holds the weights it was last pushed until the
+  next push, so an unchanged policy needs none (``hf``: it samples from the training model itself). vLLM
+  at sleep level 2 discards them after every ``generate``, so an engine that may drop them leaves it unset.
+
+The loop drives these through :class:`core.rollout.ahead.GenerationAhead` (``rollout.generate_ahead``).
 """
 from __future__ import annotations
 
@@ -38,6 +47,30 @@ def register_rollout(name: str):
 
 def rollout_engines() -> list[str]:
     return sorted({*_ENGINES, *_LAZY})
+
+
+class Done:
+    """The handle of a generation that has already run: what :func:`start_generate` gives for an engine that
+    generates synchronously (``hf``, colocated ``vllm``), and what a settled handle becomes."""
+
+    def __init__(self, batch: RolloutBatch):
+        self.batch = batch
+
+    def result(self) -> RolloutBatch:
+        return self.batch
+
+
+def start_generate(rollout, prompts: list[list[int]], sampling: Sampling):
+    """Begin generating ``prompts``: the engine's own ``start_generate`` handle when it defines one, else the
+    batch generated now, in a :class:`Done` handle. Either way ``.result()`` is the :class:`RolloutBatch`."""
+    start = getattr(rollout, "start_generate", None)
+    return start(prompts, sampling) if start is not None else Done(rollout.generate(prompts, sampling))
+
+
+def keeps_weights(rollout) -> bool:
+    """The engine's ``keeps_weights``: false unless it says so, so an engine that may drop its weights is pushed
+    before every generation, as it always was."""
+    return bool(getattr(rollout, "keeps_weights", False))
 
 
 def build_rollout(name: str, model, tokenizer, cfg):

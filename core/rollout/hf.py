@@ -55,7 +55,11 @@ def _partitioned(model) -> bool:
 
 @register_rollout("hf")
 class HFGenerateRollout:
-    """``model.generate`` in chunks of ``rollout.generation_batch_size`` prompts (0: all at once)."""
+    """``model.generate`` in chunks of ``rollout.generation_batch_size`` prompts (0: all at once). It generates
+    synchronously, so it defines no ``start_generate``: generation one step ahead runs it at once
+    (:func:`core.rollout.start_generate`), making the batch stale by a step without overlapping anything."""
+
+    keeps_weights = True  # it samples from the training model itself: it always holds the current weights
 
     def __init__(self, model, tokenizer, cfg):
         self.model, self.tokenizer = model, tokenizer

@@ -61,6 +61,7 @@ class ServerRollout:
     """Rank 0's clients of the ``rollout.server`` engines; every rank calls every member."""
 
     gathers_policy = False  # the servers generate from their own copy of the weights
+    keeps_weights = True  # pushed weights stay until the next push: an unchanged policy is not pushed again
     collective = True  # generate gathers every rank's prompts: every rank calls it, with a stand-in if it has none
 
     def __init__(self, model, tokenizer, cfg):

@@ -159,22 +159,28 @@ def prior_run(run_dir: Path, resume) -> PriorRun:
     return PriorRun(Path(found["checkpoint"]) if found["checkpoint"] else None)
 
 
-def _rng_file(ckpt_dir: Path) -> Path:
-    """Each rank's RNG state (rank 0 keeps the single-process name)."""
+def _rank_file(ckpt_dir: Path, stem: str) -> Path:
+    """This rank's own file (rank 0 keeps the single-process name)."""
     r = distributed.rank()
-    return Path(ckpt_dir) / ("rng.pt" if r == 0 else f"rng.rank{r}.pt")
+    return Path(ckpt_dir) / (f"{stem}.pt" if r == 0 else f"{stem}.rank{r}.pt")
 
 
-def save_training_state(ckpt_dir: Path, engine, extra: dict) -> None:
-    """Engine state, RNG states and ``extra`` (step, sampler position) into ``ckpt_dir`` atomically."""
+def save_training_state(ckpt_dir: Path, engine, extra: dict, local=None) -> None:
+    """Engine state, RNG states and ``extra`` (step, sampler position: rank 0's, as JSON) into ``ckpt_dir``
+    atomically; ``local``, when not None, is this rank's own state (the batch generated ahead), in its own file."""
     with atomic_dir(ckpt_dir) as tmp:
         engine.save_state(tmp)
-        torch.save(rng_state(), _rng_file(tmp))
+        torch.save(rng_state(), _rank_file(tmp, "rng"))
+        if local is not None:
+            torch.save(local, _rank_file(tmp, "local"))
         if distributed.is_main():
             (tmp / "trainer.json").write_text(json.dumps(extra))
 
 
 def load_training_state(ckpt_dir: Path, engine) -> dict:
+    """``extra`` as saved, with this rank's ``local`` state under ``"local"`` (None when it saved none)."""
     engine.load_state(ckpt_dir)
-    set_rng_state(torch.load(_rng_file(ckpt_dir), weights_only=False))
-    return json.loads((Path(ckpt_dir) / "trainer.json").read_text())
+    set_rng_state(torch.load(_rank_file(ckpt_dir, "rng"), weights_only=False))
+    local = _rank_file(ckpt_dir, "local")
+    state = json.loads((Path(ckpt_dir) / "trainer.json").read_text())
+    return {**state, "local": torch.load(local, map_location="cpu", weights_only=False) if local.exists() else None}
