@@ -83,8 +83,8 @@ class VLLMRollout:
         self.tp_group = dist.new_subgroups_by_enumeration(tp_groups(world, tp))[0] if tp > 1 else None
         self.collective = tp > 1  # a group's ranks generate together: each must call generate, prompts or not
         self.sleep_level = int(v.sleep_level) if v.enable_sleep_mode else 0  # 0: never asleep
-        # pushed weights survive until the next push unless sleep discards them (level 2, TRL _last_loaded_step)
-        self.keeps_weights = self.sleep_level != 2
+        # pushed weights stay until the next push unless sleep puts them away: a push is what wakes them
+        self.keeps_weights = not self.sleep_level
         self._vllm, self.tokenizer = vllm, tokenizer
         self.eos_ids = eos_token_ids(tokenizer, model, cfg.stop_token_ids)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \

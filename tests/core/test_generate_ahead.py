@@ -175,7 +175,8 @@ def test_a_run_killed_after_a_checkpoint_resumes_on_the_batch_it_generated_ahead
         rl.main(compose_cfg(*common), run_dir=str(tmp_path / "killed"))
     monkeypatch.undo()
     pending = torch.load(tmp_path / "killed" / "checkpoint" / "local.pt", weights_only=False)
-    assert pending["version"] == 1 and len(pending["key"]) == 4  # step 3's prompts, sampled after step 1
+    # step 3's rows (scale=tiny: 4 prompts x 4 completions), sampled after step 1
+    assert pending["version"] == 1 and len(pending["key"]) == 4 * 4
     shutil.copytree(tmp_path / "killed", tmp_path / "without")
     (tmp_path / "without" / "checkpoint" / "local.pt").unlink()
     for name in ("killed", "without"):
