@@ -60,7 +60,7 @@ def numbers(cfg, rows: int | None) -> dict:
 
 def lines(cfg, n: dict) -> list[str]:
     """The explanation in our keys."""
-    out = [f"recipe {cfg.recipe_name}" + (f"  (source: {cfg.source.ref})" if cfg.get("source") else "")]
+    out = [f"recipe {cfg.recipe_name}" + (f"  (source: {cfg.source.ref})" if cfg.source.ref else "")]
     gpus = f"{n['learners']} learner GPU(s)"
     if n["mode"] == "dedicated":
         gpus += f" + {n['rollout_gpus']} rollout GPU(s)"
@@ -171,11 +171,11 @@ def explain(overrides: list[str]) -> list[str]:
     out = lines(cfg, n)
     if why:
         out.append(f"  (rows: {why})")
-    view = SOURCE_VIEWS.get(cfg.source.name if cfg.get("source") else "none")(cfg, n)
+    view = SOURCE_VIEWS.get(cfg.source.name)(cfg, n)
     if view:
         out.append(f"in {cfg.source.name}'s flags:")
         out += [f"  {flag}: {value}" for flag, value in view]
-    for note in (cfg.source.notes if cfg.get("source") else []):
+    for note in cfg.source.notes:
         out.append(f"note: {note}")
     return out
 

@@ -101,6 +101,11 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     seed_everything(int(cfg.seed))
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
     plan = validate.check_rl(cfg, world_size=world, num_train_rows=len(train_rows))  # before any model
+    path = model_dir(cfg.model)
+    tokenizer = load_tokenizer(path)
+    train_rows, train_ids = D.tokenize_rows(train_rows, cfg.data, tokenizer)  # data.max_prompt_tokens applied
+    eval_rows, eval_ids = D.tokenize_rows(eval_rows, cfg.data, tokenizer)
+    cfg.train.total_steps = validate.rl_total_steps(cfg.train, len(train_rows))  # train.epochs: passes over the rows
     verifier = get_verifier(cfg.verifier.name)
     run_dir = Path(distributed.broadcast_object(str(run_dir or HydraConfig.get().runtime.output_dir)))
     prior = prior_run(run_dir, cfg.resume)  # before any model: what the dir holds must fit `resume`
@@ -110,10 +115,6 @@ def setup(cfg, run_dir: str | None = None) -> Run:
         write_config(run_dir, cfg)
     distributed.barrier()
     cfg = freeze(cfg)  # validated and saved: plain read-only containers from here (core/config/frozen.py)
-    path = model_dir(cfg.model)
-    tokenizer = load_tokenizer(path)
-    train_rows, train_ids = D.tokenize_rows(train_rows, cfg.data, tokenizer)  # data.max_prompt_tokens applied
-    eval_rows, eval_ids = D.tokenize_rows(eval_rows, cfg.data, tokenizer)
     if int(cfg.train.warm_start.steps) > 0:
         answers = [r["answer"] for r in train_rows]
         path = str(warm_started_dir(path, cfg.model, cfg.train.warm_start, train_ids, answers, device, verifier,

@@ -45,7 +45,7 @@ def shrink_batches(t, s) -> dict:
     mini = samples // updates
     micro = mini // _divisor_at_most(mini, accum)
     return {"prompts_per_step": new_p, "group_size": new_g, "mini_batch_size": mini, "micro_batch_size": micro,
-            "total_steps": min(int(t.total_steps), int(s.total_steps)),
+            "total_steps": min(int(t.total_steps or s.total_steps), int(s.total_steps)), "epochs": None,
             "logprob_micro_batch_size": min(int(t.logprob_micro_batch_size), samples)}
 
 

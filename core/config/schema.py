@@ -57,7 +57,7 @@ class Config:
     logger: Any = None
     scale: Any = None
     layout: Any = None
-    source: Optional["SourceConfig"] = None  # what a named recipe reproduces (recipes/explain.py reads it)
+    source: "SourceConfig" = field(default_factory=lambda: SourceConfig())  # what a named recipe reproduces
 
 
 @dataclass
@@ -347,7 +347,8 @@ class WarmStartConfig:
 
 @dataclass
 class RLTrainConfig:
-    total_steps: int = ck(20, POS)
+    total_steps: Optional[int] = ck(20, OPT_POS)  # null: train.epochs derives it
+    epochs: Optional[int] = ck(None, OPT_POS)  # passes over the training rows (rows // prompts_per_step steps each)
     prompts_per_step: int = ck(16, POS)
     group_size: int = ck(8, POS)
     mini_batch_size: int = ck(128, POS)

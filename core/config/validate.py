@@ -168,6 +168,15 @@ def _check_placement(cfg, errors: list[str]) -> None:
                       f"needs none (train.warm_start.steps=0), or warm-start under zero=none|stage1|stage2")
 
 
+def rl_total_steps(t, rows: int) -> int:
+    """RL steps of the run: ``train.total_steps``, or ``train.epochs`` passes over ``rows`` training rows (after the
+    filters) of ``rows // prompts_per_step`` steps each, the last partial batch dropped (veRL's ``drop_last``
+    dataloader, and :class:`core.data.prompts.PromptSampler`)."""
+    if t.total_steps is not None:
+        return int(t.total_steps)
+    return int(t.epochs) * (rows // int(t.prompts_per_step))
+
+
 def rl_batch_plan(cfg, world_size: int = 1) -> dict[str, int]:
     """The batch arithmetic of one RL step, derived from ``train.*`` (see conf/train/grpo.yaml)."""
     t = cfg.train
@@ -226,10 +235,13 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
     return the batch plan."""
     t, errors = cfg.train, []
     _check_names(cfg, errors)
-    for key in ("total_steps", "prompts_per_step", "group_size", "mini_batch_size", "micro_batch_size",
-                "ppo_epochs", "logprob_micro_batch_size"):
+    for key in ("prompts_per_step", "group_size", "mini_batch_size", "micro_batch_size", "ppo_epochs",
+                "logprob_micro_batch_size"):
         if int(t[key]) < 1:
             errors.append(f"train.{key}={t[key]} must be >= 1")
+    if (t.total_steps is None) == (t.epochs is None):
+        errors.append(f"train.total_steps={t.total_steps} and train.epochs={t.epochs}: set exactly one (epochs "
+                      f"derives the RL steps from the training rows, as TRL num_train_epochs and veRL total_epochs)")
     if any(e.startswith("train.") for e in errors):
         _raise(errors)  # the arithmetic below divides by these
     _check_kl(cfg, errors)

@@ -15,6 +15,7 @@ import pytest
 
 from core.algorithms.advantage import ADVANTAGES
 from core.algorithms.loss import AGGREGATIONS
+from core.config.validate import ConfigError, rl_total_steps
 from core.paths import PROJECT_ROOT
 from recipes import rl
 
@@ -187,3 +188,19 @@ def test_the_rng_after_setup_does_not_depend_on_a_cached_warm_start(compose_cfg,
         states.append(torch.get_rng_state())
     assert len(list((tmp_path / "cache" / "warm_start").glob("*/DONE"))) == 1
     assert torch.equal(states[0], states[1])
+
+
+def test_epochs_derive_the_steps_from_the_filtered_rows(compose_cfg, tmp_path):
+    """``train.epochs`` (TRL num_train_epochs, veRL total_epochs): rows // prompts_per_step RL steps per pass, the
+    last partial batch dropped; the saved config records the derived count. Both or neither length key: refused."""
+    small = ("recipe_name=tiny_math_grpo", "train.warm_start.steps=0", "logger.progress=false",
+             "logger.tensorboard=false", "data.generator.num_train=14", "data.generator.num_eval=4",
+             "train.prompts_per_step=4", "train.group_size=2", "train.mini_batch_size=8", "train.micro_batch_size=4",
+             "train.eval_prompts=4", "rollout.max_new_tokens=4", f"paths.results_dir={tmp_path}")
+    assert rl_total_steps(compose_cfg("train.total_steps=null", "train.epochs=2", *small).train, 14) == 6
+    rl.main(compose_cfg("train.total_steps=null", "train.epochs=2", *small), run_dir=str(tmp_path / "run"))
+    assert [r["step"] for r in _metrics(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]  # 2 x (14 // 4)
+    assert "total_steps: 6" in (tmp_path / "run" / "config.yaml").read_text()
+    for both in (("train.epochs=2",), ("train.total_steps=null",)):
+        with pytest.raises(ConfigError, match=r"set exactly one \(epochs derives the RL steps"):
+            rl.main(compose_cfg(*both, *small), run_dir=str(tmp_path / "bad"))
