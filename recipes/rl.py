@@ -207,7 +207,7 @@ def train(run: Run) -> None:
         metrics = rl_step(run)
         run.step += 1
         if int(t.eval_every) and run.step % int(t.eval_every) == 0 and run.step < int(t.total_steps):
-            metrics["eval/accuracy"] = evaluate(run)
+            metrics["eval/accuracy"] = keep_best(run, evaluate(run))
         run.writer.log(run.step, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}",
                         kl=f"{metrics.get('kl', 0.0):.4f}")
@@ -219,7 +219,7 @@ def train(run: Run) -> None:
                                  "sample_rows": run.writer.sample_rows}, local=run.gen.state())
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
-    run.history["eval_after"] = evaluate(run)
+    run.history["eval_after"] = keep_best(run, evaluate(run))
     run.writer.log(run.step, {"eval/accuracy": run.history["eval_after"]})
 
 
@@ -429,6 +429,18 @@ def evaluate(run: Run) -> float:
     return correct / scored if scored else float("nan")
 
 
+def keep_best(run: Run, accuracy: float) -> float:
+    """With ``train.keep_best``, the policy of the best held-out accuracy so far (first of equals) saved to
+    ``best/`` (atomic) and its step recorded, so the row reports it beside the last (SimpleRL-Zoo released step 90
+    of ~100, Open-Instruct an intermediate checkpoint). Returns ``accuracy``."""
+    best = run.history.get("best")
+    if run.cfg.train.keep_best and not math.isnan(accuracy) and (best is None or accuracy > best["accuracy"]):
+        with atomic_dir(run.run_dir / "best") as tmp:  # collective: ZeRO-3 gathers, rank 0 writes
+            run.engine.save_pretrained(tmp, run.tokenizer)
+        run.history["best"] = {"step": run.step, "accuracy": accuracy}
+    return accuracy
+
+
 def save(run: Run) -> float:
     """Final Hugging Face checkpoint (atomic), one row in the results table, then ``summary.json``: the
     mark of a finished run (a kill before it resumes and finishes; the row is not appended twice)."""
@@ -442,6 +454,7 @@ def save(run: Run) -> float:
         "recipe": cfg.recipe_name, "run_dir": str(run.run_dir), "seed": int(cfg.seed), "steps": run.step,
         "scale": cfg.scale.name, "eval_before": h["eval_before"], "eval_after": h["eval_after"],
         "train_seconds": round(h["train_seconds"], 2), "overrides": _overrides(),
+        **({"best_step": h["best"]["step"], "eval_best": h["best"]["accuracy"]} if "best" in h else {}),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     append_row(Path(cfg.paths.results_dir), row)

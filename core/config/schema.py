@@ -360,6 +360,7 @@ class RLTrainConfig:
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
     eval_every: int = ck(0, NONNEG)
     eval_prompts: int = ck(0, NONNEG)  # 0: the whole eval split
+    keep_best: bool = False  # save the policy of the best held-out accuracy to best/ (reported beside the last)
     checkpoint_every: int = ck(0, NONNEG)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 

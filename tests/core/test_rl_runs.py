@@ -204,3 +204,17 @@ def test_epochs_derive_the_steps_from_the_filtered_rows(compose_cfg, tmp_path):
     for both in (("train.epochs=2",), ("train.total_steps=null",)):
         with pytest.raises(ConfigError, match=r"set exactly one \(epochs derives the RL steps"):
             rl.main(compose_cfg(*both, *small), run_dir=str(tmp_path / "bad"))
+
+
+def test_keep_best_saves_the_best_evaluated_policy_and_reports_it_beside_the_last(compose_cfg, tmp_path):
+    cfg = compose_cfg(*BASE, "train.keep_best=true", "train.eval_every=1", *(f"{k}.total_steps=3" for k in
+                      ("train", "scale")), f"paths.results_dir={tmp_path}")
+    rl.main(cfg, run_dir=str(tmp_path / "run"))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    after_rl = [(s, a) for s, a in evals if s >= 1]
+    assert [s for s, _ in after_rl] == [1, 2, 3]
+    best = max(after_rl, key=lambda sa: (sa[1], -sa[0]))  # the first of equals
+    (row,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert (row["best_step"], row["eval_best"]) == best and row["eval_after"] == after_rl[-1][1]
+    assert (tmp_path / "run" / "best" / "config.json").exists()
