@@ -1,6 +1,7 @@
 """Compare finished runs: ``python -m recipes.compare [--recipe NAME] [--csv FILE] [--plot FILE]``.
 
-Rows come from ``results/runs.jsonl`` (one per finished run, appended atomically by the loops). Runs are
+Rows come from ``results/runs.jsonl`` (one per finished run, appended atomically by the loops, and one per
+evaluated set and metric, ``python -m recipes.eval``, shown as ``<preset>/<set>/<metric>`` columns). Runs are
 grouped by recipe and by the config keys whose values differ between that recipe's runs (read from each
 run's ``config.yaml``; the seed, paths, devices and logging never count), and each group shows the mean ±
 std over its seeds of the results (``eval_before``, ``eval_after``, ``train_seconds``, ...), as markdown
@@ -66,7 +67,7 @@ def group(rows: list[dict]) -> list[dict]:
             buckets[tuple((k, c.get(k)) for k in differ)].append(r)
         for key, runs in buckets.items():
             groups.append({"recipe": recipe, "config": dict(key), "runs": runs,
-                           "seeds": sorted(r.get("seed") for r in runs)})
+                           "seeds": sorted(r.get("seed") for r in counted_runs(runs))})
     return groups
 
 
@@ -77,18 +78,34 @@ def _stat(values: list[float]) -> str:
     return f"{mean:.4g}" if len(values) == 1 else f"{mean:.4g} ± {statistics.stdev(values):.2g}"
 
 
+def results_of(r: dict) -> dict:
+    """A row's results: a training row's numbers (its seed aside); an evaluation row (``kind: eval``,
+    recipes/eval.py) its one value, as ``<preset>/<set>/<metric>``."""
+    if r.get("kind") == "eval":
+        return {f"{r.get('preset')}/{r.get('set')}/{r.get('metric')}": r.get("value")}
+    return {k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seed"}
+
+
+def counted_runs(runs: list[dict]) -> list[dict]:
+    """What a group counts: its training runs; a group of evaluations alone (a hub model), one per evaluation."""
+    trained = [r for r in runs if r.get("kind") != "eval"]
+    return trained or list({r.get("eval_dir"): r for r in runs}.values())
+
+
 def table(groups: list[dict]) -> tuple[list[str], list[dict]]:
-    """Columns and rows of the comparison: recipe, the differing keys, n and seeds, then mean ± std."""
+    """Columns and rows of the comparison: recipe, the differing keys, n and seeds, then mean ± std. A training
+    run's evaluations (``python -m recipes.eval run_dir=...``) join its group as more result columns."""
     keys = sorted({k for g in groups for k in g["config"]})
-    numeric = sorted({k for g in groups for r in g["runs"] for k, v in r.items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seed"})
+    numeric = sorted({k for g in groups for r in g["runs"] for k, v in results_of(r).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)})
     results = [k for k in RESULTS if k in numeric] + [k for k in numeric if k not in RESULTS]
     out = []
     for g in groups:
-        row = {"recipe": g["recipe"], **{k: g["config"].get(k, "") for k in keys}, "n": len(g["runs"]),
+        counted = counted_runs(g["runs"])
+        row = {"recipe": g["recipe"], **{k: g["config"].get(k, "") for k in keys}, "n": len(counted),
                "seeds": " ".join(str(s) for s in g["seeds"])}
         for k in results:
-            row[k] = _stat([float(r[k]) for r in g["runs"] if isinstance(r.get(k), (int, float))])
+            row[k] = _stat([float(v) for r in g["runs"] if isinstance(v := results_of(r).get(k), (int, float))])
         out.append(row)
     return ["recipe", *keys, "n", "seeds", *results], out
 
@@ -135,7 +152,7 @@ def plot(groups: list[dict], out: Path) -> Path:
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5), constrained_layout=True)
     for ax, (title, keys) in zip(axes.flat, CURVES):
         for i, g in enumerate(groups):
-            curves = [_curves(r["run_dir"]) for r in g["runs"]]
+            curves = [_curves(r["run_dir"]) for r in counted_runs(g["runs"])]
             for j, key in enumerate(keys):
                 steps, mean = _mean_curve([c.get(key, {}) for c in curves])
                 if steps:
@@ -149,9 +166,9 @@ def plot(groups: list[dict], out: Path) -> Path:
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.grid(alpha=0.3)
     fig.legend([Line2D([], [], color=f"C{i % 10}", lw=2) for i in range(len(groups))],
-               [f"{_label(g, shown)}  [n={len(g['runs'])}]" for g in groups], loc="outside lower center",
-               ncols=1 if len(groups) > 4 else 2, fontsize=9)
-    n = sum(len(g["runs"]) for g in groups)
+               [f"{_label(g, shown)}  [n={len(counted_runs(g['runs']))}]" for g in groups],
+               loc="outside lower center", ncols=1 if len(groups) > 4 else 2, fontsize=9)
+    n = sum(len(counted_runs(g["runs"])) for g in groups)
     fig.suptitle(f"{n} run{'s' * (n > 1)} in {len(groups)} group{'s' * (len(groups) > 1)} (mean over seeds)")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from core.paths import CONF_DIR  # noqa: E402
 
 register_resolvers()
 
-_NOT_LOOPS = {"__init__", "run", "compare", "explain", "plan"}
+_NOT_LOOPS = {"__init__", "run", "compare", "explain", "plan", "eval"}
 
 
 def loops() -> list[str]:
@@ -105,17 +105,28 @@ def _nearest(cause) -> str:
 
 
 def cli() -> None:
-    from hydra.errors import ConfigCompositionException, OverrideParseException
-
-    from core.errors import InputError
     from core.launch import check_multirun
 
     if _print_job_config(sys.argv[1:]):
         return
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach this function, which prints input errors briefly
-    try:
+
+    def start():
         check_multirun(sys.argv[1:])  # what a submitit launcher cannot start, before it submits anything
         main()
+
+    briefly_on_input_errors(start)
+
+
+def briefly_on_input_errors(entry) -> None:
+    """Run ``entry`` (a ``@hydra.main`` function): a config Hydra cannot compose, an override it cannot parse and
+    an :class:`core.errors.InputError` print their message and exit 1; every other error keeps its traceback."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    from core.errors import InputError
+
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # errors reach this function, which prints input errors briefly
+    try:
+        entry()
     except ConfigCompositionException as e:
         cause = e.__cause__
         hint = _nearest(cause) if cause is not None else ""

@@ -24,3 +24,9 @@ def step_position(completions: list[str], **_) -> list[float]:
 
     first = dist.get_rank() * len(completions) if dist.is_initialized() else 0
     return [float((first + i) % 3) for i in range(len(completions))]
+
+
+def first_char_even(completions: list[str], **_) -> list[float]:
+    """1.0 where the completion starts with a character of even code point: rewards that differ between the
+    samples of one prompt (so pass@k differs from avg@n) and that an evaluation's samples.jsonl records."""
+    return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]

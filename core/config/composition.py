@@ -34,8 +34,9 @@ def register_resolvers() -> None:
             OmegaConf.register_new_resolver(name, fn, use_cache=True)  # cached in the config: it travels with it
 
 
-def compose(overrides: list[str], with_hydra: bool = False):
-    """The primary config with ``overrides``, as ``python -m recipes.run`` would compose it. ``with_hydra``:
+def compose(overrides: list[str], with_hydra: bool = False, config_name: str = "config"):
+    """The primary config ``config_name`` (``eval``: ``python -m recipes.eval``'s, once core/evaluation/schema.py
+    ``store`` has run) with ``overrides``, as ``python -m recipes.run`` would compose it. ``with_hydra``:
     Hydra's own config is composed too and set as this process's ``HydraConfig``, so ``${hydra:...}``
     interpolations (``recipe_name``) resolve, as they do in a run, and its run and sweep dirs are resolved."""
     from hydra import compose as hydra_compose
@@ -45,7 +46,7 @@ def compose(overrides: list[str], with_hydra: bool = False):
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
+        cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
     if with_hydra:
         for node in (cfg.hydra.run, cfg.hydra.sweep):  # resolved while the job keys they name are here
             node.dir = str(node.dir)

@@ -477,11 +477,11 @@ def store() -> None:
 # --- the check --------------------------------------------------------------------------------------------
 
 
-def check_schema(cfg) -> list[str]:
-    """Every unknown key (with the nearest valid names) and every value out of its range in ``cfg``,
-    a composed ``DictConfig`` whose nodes carry their schema types."""
+def check_schema(cfg, root: type = Config, prefix: str = "") -> list[str]:
+    """Every unknown key (with the nearest valid names) and every value out of its range in ``cfg`` (schema
+    ``root``, keys named from ``prefix``), a composed ``DictConfig`` whose nodes carry their schema types."""
     errors: list[str] = []
-    _walk(cfg, Config, "", errors)
+    _walk(cfg, root, prefix, errors)
     return errors
 
 

@@ -1,6 +1,7 @@
-"""The results table: one JSON row per finished run in ``results/runs.jsonl``, appended atomically.
+"""The results table: one JSON row per finished run (and per evaluated set and metric, ``kind: eval``) in
+``results/runs.jsonl``, appended atomically.
 
-Rows are appended under an exclusive lock with a single write of one line, so concurrent Hydra
+Rows are appended under an exclusive lock, each batch in a single write, so concurrent Hydra
 multirun jobs never interleave or half-write a row; ``python -m recipes.compare`` renders them.
 """
 from __future__ import annotations
@@ -14,16 +15,24 @@ TABLE = "runs.jsonl"
 
 
 def append_row(results_dir: Path, row: dict) -> Path:
-    """Append ``row`` unless the table already has one for its ``run_dir`` (a run resumed after its row
-    was written, before it said it had finished, must not count twice)."""
+    """Append a training run's ``row`` unless the table already has one for its ``run_dir`` (a run resumed
+    after its row was written, before it said it had finished, must not count twice)."""
+    return append_rows(results_dir, [row], key=("kind", "run_dir"))
+
+
+def append_rows(results_dir: Path, rows: list[dict], key: tuple[str, ...]) -> Path:
+    """Append ``rows`` in one write under the lock, each unless the table already holds a row equal to it on
+    every field of ``key``. Training rows have no ``kind``, so an evaluation's rows (``kind: eval``, keyed by
+    its output dir, set and metric: recipes/eval.py) never stand in for the row of the run they evaluate."""
     path = Path(results_dir) / TABLE
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(row, sort_keys=True, default=str) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if not any(r.get("run_dir") == row.get("run_dir") for r in read_rows(path.parent)):
-            os.write(fd, line)
+        have = {tuple(json.dumps(r.get(k), default=str) for k in key) for r in read_rows(path.parent)}
+        new = [r for r in rows if tuple(json.dumps(r.get(k), default=str) for k in key) not in have]
+        if new:
+            os.write(fd, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in new).encode())
             os.fsync(fd)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
