@@ -274,3 +274,17 @@ def test_vllm_engine_loads_the_model_by_path_and_stops_at_stop_tokens():
     assert out["ends"] == sorted({out["eos"], out["stop_id"]})
     assert out["texts"] == ["23", "23", "6789a", "6789a"]  # the second counts on (string.printable order) to 5
     assert out["finish"] == ["stop", "stop", "length", "length"]
+
+
+def test_a_run_dirs_best_policy_is_evaluated_when_asked_and_refused_when_absent(tmp_path):
+    """``run_model=best`` reads ``best/`` (``train.keep_best``) instead of ``model/``."""
+    import shutil
+
+    from core.evaluation.checks import resolve_source
+
+    run = _run_dir(tmp_path)
+    with pytest.raises(EvalConfigError, match=r"run_model=best: no best/ \(the run saves it with train.keep_best"):
+        final_config(_eval_cfg(f"run_dir={run}", "model.name_or_path=null", "run_model=best"))
+    shutil.copytree(run / "model", run / "best")
+    cfg = final_config(_eval_cfg(f"run_dir={run}", "model.name_or_path=null", "run_model=best"))
+    assert resolve_source(cfg).path == str(run.resolve() / "best")

@@ -72,7 +72,10 @@ def _source_problems(cfg) -> list[str]:
         return [f"run_dir={run_dir}: no such directory"]
     if not (d / "config.yaml").exists():
         return [f"run_dir={run_dir}: no config.yaml, so it is not a run dir of python -m recipes.run"]
-    if not (d / "model" / "config.json").exists():
+    sub = str(cfg.run_model)
+    if not (d / sub / "config.json").exists():
+        if sub == "best":
+            return [f"run_dir={run_dir} run_model=best: no best/ (the run saves it with train.keep_best=true)"]
         return [f"run_dir={run_dir}: no saved model in model/ (a run writes it when it finishes; a killed run "
                 f"resumes with python -m recipes.run hydra.run.dir={run_dir} resume=true)"]
     return []
@@ -163,5 +166,5 @@ def resolve_source(cfg) -> Source:
     saved = yaml.safe_load((d / "config.yaml").read_text()) or {}
     summary = d / "summary.json"
     recipe = json.loads(summary.read_text()).get("recipe") if summary.exists() else None
-    return Source(str(d / "model"), str(recipe or saved.get("recipe_name") or d.name), int(saved.get("seed", 0)),
-                  str(d))
+    return Source(str(d / str(cfg.run_model)), str(recipe or saved.get("recipe_name") or d.name),
+                  int(saved.get("seed", 0)), str(d))

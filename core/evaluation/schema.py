@@ -58,6 +58,7 @@ class EvalRunConfig:
     cpu_threads: int = ck(0, NONNEG)
     preset: str = "?"
     run_dir: Optional[str] = None
+    run_model: str = ck("model", one_of("model", "best"))  # a run dir's final model/, or best/ (train.keep_best)
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: PromptDataConfig = field(default_factory=PromptDataConfig)
