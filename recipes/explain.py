@@ -113,16 +113,52 @@ def _trl(cfg, n: dict) -> list[tuple[str, str]]:
 
 @SOURCE_VIEWS.register("verl")
 def _verl(cfg, n: dict) -> list[tuple[str, str]]:
-    """veRL (SimpleRL-Zoo): batch sizes in prompts; ppo_mini_batch_size x rollout.n responses per optimiser step,
-    divided over the ranks; micro-batches per GPU in responses (reference simplerl_zoo.md §2)."""
-    return [("data.train_batch_size", f"{n['prompts']} prompts"),
-            ("actor_rollout_ref.rollout.n", f"{n['group']}"),
+    """veRL (SimpleRL-Zoo's fork): batch sizes in prompts; ppo_mini_batch_size x rollout.n responses per optimiser step,
+    divided over the ranks; micro-batches per GPU in responses; the deprecated global log-prob micro-batch divided by
+    the ranks; one trainer step = one rollout; data.max_prompt_length filters characters; total_epochs x
+    len(loader) steps, drop_last (reference simplerl_zoo.md §2, §8)."""
+    flags = cfg.source.flags or {}
+    rows = [("data.train_batch_size", f"{n['prompts']} prompts"),
+            ("actor_rollout_ref.rollout.n", f"{n['group']} -> {n['samples']} responses per step"),
             ("actor.ppo_mini_batch_size", f"{n['mini'] // n['group']} prompts = {n['mini']} responses -> "
                                           f"{n['mini_batches']} optimiser steps per rollout"),
-            ("actor.ppo_micro_batch_size_per_gpu", f"{n['micro']}"),
-            ("actor.ppo_epochs", f"{n['ppo_epochs']}"),
-            ("rollout.tensor_model_parallel_size", f"{n['tp']} ({n['engines']} engines)"),
-            ("trainer.nnodes x n_gpus_per_node", f"{n['nodes']} x {n['gpus_per_node']}")]
+            ("actor.ppo_micro_batch_size_per_gpu", f"{n['micro']} ({n['mini']} / {n['learners']} GPUs / {n['micro']} = "
+                                                   f"{n['accum']} accumulated, each a token mean / {n['accum']})"),
+            ("actor.ppo_epochs", f"{n['ppo_epochs']}")]
+    if flags.get("log_prob_micro_batch_size"):
+        lp, ours = int(flags["log_prob_micro_batch_size"]), cfg.train.logprob_micro_batch_size
+        rows.append(("log_prob_micro_batch_size", f"{lp} global // {n['learners']} GPUs = {lp // n['learners']} "
+                                                  f"per GPU (train.logprob_micro_batch_size {ours})"))
+    rows += [("rollout.tensor_model_parallel_size", f"{n['tp']} ({n['engines']} engines)"),
+             ("trainer.nnodes x n_gpus_per_node", f"{n['nodes']} x {n['gpus_per_node']}"),
+             ("a trainer step (global_steps)", f"one rollout of {n['prompts']} prompts and its {n['updates_per_step']} "
+                                               f"optimiser steps = one RL step here")]
+    if n["rows"] is not None and cfg.data.max_prompt_chars:
+        raw = _rows_before_filters(cfg)
+        rows.append(("data.max_prompt_length", f"{cfg.data.max_prompt_chars} characters of the prompt: "
+                                               f"{raw if raw is not None else '?'} rows -> {n['rows']}"))
+    if n["rows"] is not None and n["steps_per_epoch"]:
+        per, steps = n["steps_per_epoch"], n["total_steps"]
+        if flags.get("total_epochs"):
+            rows.append(("trainer.total_epochs", f"{flags['total_epochs']} x {per} steps (drop_last) = "
+                                                 f"{int(flags['total_epochs']) * per} steps"))
+        if steps is not None:
+            full, rest = divmod(steps, per)
+            rows.append(("steps run", f"{steps} = {full} full epochs of {per} + {rest} steps: about {full} epochs, "
+                                      f"{full} x rollout.n {n['group']} = {full * n['group']} views of each example"))
+    return rows
+
+
+def _rows_before_filters(cfg) -> int | None:
+    """Training rows before ``data.max_prompt_chars`` (None when the data cannot be read here)."""
+    from omegaconf import OmegaConf
+
+    from core.data import prompts as D
+
+    try:
+        return len(D.load_split(OmegaConf.merge(cfg.data, {"max_prompt_chars": None}), "train"))
+    except Exception:  # noqa: BLE001 (unreadable data is explained by the rows line already)
+        return None
 
 
 @SOURCE_VIEWS.register("open_instruct")

@@ -46,6 +46,7 @@ from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
 from core.reporting.results import append_row, write_summary
 from core.rollout import RolloutBatch, Sampling, build_rollout
 from core.rollout.ahead import GenerationAhead
+from core.rollout.texts import REWARD_TEXTS
 from core.training import distributed
 from core.training.checkpoint import (AlreadyFinished, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
@@ -280,7 +281,8 @@ def score(run: Run, roll: RolloutBatch, rows: list[dict]) -> tuple[torch.Tensor,
     device, and the decoded completions."""
     texts = decode_responses(run.tokenizer, roll)
     cols = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    rewards = run.verifier(texts, **cols, **run.cfg.verifier.kwargs)
+    read = REWARD_TEXTS.get(run.cfg.verifier.text)(run.tokenizer, roll, texts)  # verifier.text: what it reads
+    rewards = run.verifier(read, **cols, **run.cfg.verifier.kwargs)
     valid = torch.tensor([r is not None for r in rewards], device=run.device)
     return torch.tensor([0.0 if r is None else float(r) for r in rewards], device=run.device), valid, texts
 

@@ -31,6 +31,8 @@ def shrink_rl(cfg, s) -> None:
     cfg.train.eval_prompts = min(int(cfg.train.eval_prompts) or 8, 8)
     cfg.rollout.max_new_tokens = min(int(cfg.rollout.max_new_tokens), int(s.max_new_tokens))
     cfg.rollout.engine = "hf"
+    if cfg.rollout.get("vllm") is not None:  # the layout collapses to one GPU per rank: no engine spans several
+        cfg.rollout.vllm.tensor_parallel_size = 1
 
 
 def shrink_batches(t, s) -> dict:

@@ -317,6 +317,7 @@ class ZeroConfig:
 class VerifierConfig:
     name: str = "math"  # a registered verifier or ``module:function`` (checked by get_verifier)
     kwargs: Dict[str, Any] = field(default_factory=dict)
+    text: str = ck("completion", registered("core.rollout.texts", "REWARD_TEXTS"))  # what the verifier reads
 
 
 # --- loops ------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ SOURCES = {
     "open_r1_2node": (["rollout=vllm_server", f"rollout.server.hosts=[{','.join(['n2'] * 8)}]"],
                       (8, 8, 1, 8, " ".join(f"1:{j}:{8000 + j}" for j in range(8)))),
     "simplerl_zoo_2node": (["rollout=vllm", "rollout.vllm.tensor_parallel_size=2"], (16, 8, 2, 8, "")),
+    "simplerl_zoo_8node": (["rollout=vllm", "rollout.vllm.tensor_parallel_size=8"], (64, 8, 8, 8, "")),
 }
 
 
@@ -38,7 +39,7 @@ def _batches(learners: int) -> list[str]:
 
 
 def test_discovery_found_every_layout_and_mode():
-    assert LAYOUTS == sorted(SOURCES) and len(LAYOUTS) == 6
+    assert LAYOUTS == sorted(SOURCES) and len(LAYOUTS) == 7
     assert MODES.names() == ["colocate", "dedicated"]
 
 
@@ -132,6 +133,14 @@ def test_tiny_scale_collapses_every_layout_to_the_machine(compose_cfg, monkeypat
                        "rollout_gpus": 0}, name
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     final_config(compose_cfg(f"layout={name}", "scale=tiny"))  # runs as one process
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_tiny_scale_collapses_the_engines_of_every_source_layout(compose_cfg, monkeypatch, name):
+    """The source's engine and TP go with its GPUs: scale=tiny generates with hf, one engine per rank."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cfg = final_config(compose_cfg(f"layout={name}", *SOURCES[name][0], "scale=tiny"))
+    assert cfg.rollout.engine == "hf" and cfg.layout.learner_gpus == 1 and engines(cfg) == 1, name
 
 
 def test_tiny_scale_keeps_a_layout_key_set_on_the_command_line(compose_cfg):
