@@ -198,11 +198,11 @@ def explain(overrides: list[str]) -> list[str]:
 
     cfg = compose(overrides, with_hydra=True)
     learners = int(cfg.layout.learner_gpus)
-    cfg = final_config(cfg, world=learners)
+    cfg = final_config(cfg, world=learners, packages=False)  # explains anywhere: the gpu extra may be absent
     if cfg.loop != "rl":
         raise SystemExit(f"recipes.explain explains RL recipes; loop={cfg.loop}")
     rows, why = _train_rows(cfg)
-    check_rl(cfg, world_size=learners, num_train_rows=rows)
+    check_rl(cfg, world_size=learners, num_train_rows=rows, packages=False)
     n = numbers(cfg, rows)
     out = lines(cfg, n)
     if why:

@@ -27,12 +27,13 @@ class ConfigError(InputError):
     """A config that cannot run; the message lists every problem found."""
 
 
-def final_config(cfg, world: int | None = None):
+def final_config(cfg, world: int | None = None, packages: bool = True):
     """The config a loop runs, checked before anything else: ``scale`` applied (keys set on the command line
     kept as given), then every key against its schema (unknown keys, types, ranges: core/config/schema.py),
     the layout against the ``world`` ranks it runs on (default: this process's WORLD_SIZE), the loop's
     batches split over the layout's learners, the settings both loops share, and a writable results table.
-    Raises :class:`ConfigError`."""
+    ``packages=False`` leaves out whether the gpu extra the config names (vLLM, flash-attn) is installed here
+    (``recipes.explain`` on a laptop). Raises :class:`ConfigError`."""
     world = world_size() if world is None else world
     cfg = apply_scale(cfg, command_line_keys(), world)
     errors = check_schema(cfg)
@@ -54,7 +55,7 @@ def final_config(cfg, world: int | None = None):
         if problem:
             errors.append(problem)
     errors += _optimizer_problems(cfg.optim.optimizer)
-    if cfg.model.attn_implementation.startswith("flash_attention") and importlib.util.find_spec("flash_attn") is None:
+    if packages and cfg.model.attn_implementation.startswith("flash_attention") and not installed("flash_attn"):
         errors.append(f"model.attn_implementation={cfg.model.attn_implementation}: flash-attn is not installed here "
                       f"(pip install -e '.[gpu]' on a CUDA machine), or use model.attn_implementation=sdpa")
     for key, value in (cfg.model.tiny or {}).items():
@@ -154,14 +155,23 @@ def _check_verifier(cfg, errors: list[str]) -> None:
                               f"(it takes {', '.join(params)})")
 
 
-def _check_placement(cfg, errors: list[str]) -> None:
+def installed(package: str) -> bool:
+    """``package`` can be imported here (the gpu extra: vllm, flash_attn)."""
+    return importlib.util.find_spec(package) is not None
+
+
+def _check_placement(cfg, errors: list[str], packages: bool = True) -> None:
     """Settings that the device and the sharding cannot honour."""
     if cfg.rollout.engine == "vllm":
         if cfg.rollout.vllm is None:
             errors.append("rollout.engine=vllm needs the rollout.vllm node: use the config option rollout=vllm")
-        if importlib.util.find_spec("vllm") is None:
+        if packages and not installed("vllm"):
             errors.append("rollout.engine=vllm but vLLM is not installed here: install the gpu extra on a CUDA "
                           "machine (pip install -e '.[gpu]'), or generate with rollout=hf")
+    client = OmegaConf.select(cfg, "rollout.server.client")
+    if cfg.rollout.engine == "vllm_server" and str(client).startswith("trl.") and packages and not installed("vllm"):
+        errors.append(f"rollout.engine=vllm_server with rollout.server.client={client}: TRL's client pushes weights "
+                      f"through vLLM's NCCL weight transfer, so the learners need vLLM installed (the gpu extra)")
     if int(cfg.zero.stage) == 3 and int(cfg.train.warm_start.steps) > 0:
         errors.append(f"train.warm_start.steps={cfg.train.warm_start.steps} with zero.stage=3: the warm start trains a "
                       f"full copy of the model in one process before ZeRO-3 shards it; start from a checkpoint that "
@@ -230,7 +240,7 @@ def _raise(errors: list[str]) -> None:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
-def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dict[str, int]:
+def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None, packages: bool = True) -> dict[str, int]:
     """Raise :class:`ConfigError` unless names resolve, combinations fit and batch sizes divide;
     return the batch plan."""
     t, errors = cfg.train, []
@@ -246,7 +256,7 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None) -> dic
         _raise(errors)  # the arithmetic below divides by these
     _check_kl(cfg, errors)
     _check_loss(cfg, errors)
-    _check_placement(cfg, errors)
+    _check_placement(cfg, errors, packages)
     _check_verifier(cfg, errors)
     known = cfg.advantage.name in ADVANTAGES
     if known:
