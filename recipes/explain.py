@@ -16,7 +16,6 @@ A config that breaks an invariant prints the check's message and the arithmetic 
 """
 from __future__ import annotations
 
-import math
 import sys
 
 from core.registry import Registry
@@ -29,6 +28,7 @@ def numbers(cfg, rows: int | None) -> dict:
     """Every derived figure of an RL recipe (``rows``: training rows after the filters, None when unknown)."""
     from core.config.layout import engines, tensor_parallel
     from core.config.validate import rl_batch_plan
+    from core.training.engine import warmup_steps
 
     t, lay = cfg.train, cfg.layout
     learners = int(lay.learner_gpus)
@@ -54,7 +54,7 @@ def numbers(cfg, rows: int | None) -> dict:
     n["total_updates"] = n["total_steps"] * n["updates_per_step"] if n["total_steps"] is not None else None
     sched = cfg.optim.scheduler
     if n["total_updates"] is not None:
-        n["warmup"] = int(sched.warmup_steps) or math.ceil(float(sched.warmup_ratio) * n["total_updates"])
+        n["warmup"] = warmup_steps(sched, n["total_updates"])
     return n
 
 
@@ -171,14 +171,21 @@ def _open_instruct(cfg, n: dict) -> list[tuple[str, str]]:
             ("--vllm_num_engines x --vllm_tensor_parallel_size", f"{n['engines']} x {n['tp']}"),
             ("--local_rollout_batch_size", f"{local} -> {local} x {n['learners']} = {n['prompts']} prompts per step"),
             ("--number_samples_per_prompt", f"{n['group']}"),
-            ("--local_mini_batch_size", f"{n['mini'] // n['learners']}"),
+            ("--local_mini_batch_size", f"{n['mini'] // n['learners']} -> {n['mini_batches']} mini-batch(es) per "
+                                        f"epoch"),
             ("--per_device_train_batch_size", f"{n['micro']} (gradient accumulation {n['accum']})"),
             ("num_epochs (PPO)", f"{n['ppo_epochs']}")]
     episodes = (cfg.source.flags or {}).get("total_episodes")
     if episodes:
         steps = int(episodes) // (n["prompts"] * n["group"])
+        ours = "= train.total_steps" if steps == n["total_steps"] else f"but train.total_steps is {n['total_steps']}"
         rows.append(("--total_episodes", f"{int(episodes):,} -> {int(episodes):,} // {n['prompts'] * n['group']} = "
-                                         f"{steps:,} steps"))
+                                         f"{steps:,} steps ({ours})"))
+    if n["total_updates"] is not None:
+        sched = cfg.optim.scheduler
+        bug = "; --warm_up_steps ignored (warmup_override_bug)" if sched.warmup_override_bug else ""
+        rows.append(("--warmup_ratio", f"{float(sched.warmup_ratio)} -> warmup {n['warmup']:,} of "
+                                       f"{n['total_updates']:,} optimiser steps{bug}"))
     return rows
 
 

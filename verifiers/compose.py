@@ -11,6 +11,7 @@ verified sample, and when the response did not stop (no EOS) the score is *repla
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -111,7 +112,8 @@ def routed(completions: list[str], routes: dict | None = None, route_column: str
     ``apply_verifiable_reward`` dispatches on ``dataset.lower()`` (gsm8k, math, ifeval) and pays
     ``verify_reward=10`` for a verified sample (allenai/open-instruct@3dd7a07d ``model_utils.py``,
     ``ground_truth_utils.py``; reference open_instruct.md §3.1). ``routes`` maps the lower-cased column value to a
-    verifier name; a value it does not name is refused (naming the value and the routes)."""
+    verifier name, or to ``{name, kwargs}`` when that verifier takes settings of its own (the IFEval route's
+    release checkers); a value it does not name is refused (naming the value and the routes)."""
     n = len(completions)
     if not routes:
         raise ValueError("verifier routed needs kwargs.routes: {column value: verifier name}")
@@ -126,10 +128,20 @@ def routed(completions: list[str], routes: dict | None = None, route_column: str
     for tag in sorted(set(tags)):
         idx = [i for i, t in enumerate(tags) if t == tag]
         cols = {k: [v[i] for i in idx] if _is_column(v, n) else v for k, v in columns.items()}
-        vals = get_verifier(routes[tag])([completions[i] for i in idx], **cols)
+        name, kwargs = _route(tag, routes[tag])
+        vals = get_verifier(name)([completions[i] for i in idx], **{**cols, **kwargs})
         for i, v in zip(idx, vals):
             out[i] = None if v is None else float(scale) * float(v)
     return out
+
+
+def _route(tag: str, spec: Any) -> tuple[str, dict]:
+    """A route's verifier name and its own keyword arguments: ``"name"`` or ``{"name": ..., "kwargs": {...}}``."""
+    if isinstance(spec, str):
+        return spec, {}
+    if isinstance(spec, Mapping) and "name" in spec and set(spec) <= {"name", "kwargs"}:
+        return str(spec["name"]), dict(spec.get("kwargs") or {})
+    raise TypeError(f"verifier routed: route {tag!r} is {spec!r}; expected a verifier name or {{name, kwargs}}")
 
 
 def _is_column(value: Any, n: int) -> bool:

@@ -5,8 +5,9 @@ Ground truth is one constraint: a JSON object (or dict) ``{"func_name": NAME, **
 ``ground_truth_utils.verify_ifeval_sample`` (Tulu 3 release era) / ``IFEvalVerifierOld`` (HEAD):
 
 * ``release_behaviour=False`` (default) -- the fixed checkers as at open-instruct 021dd069 (HEAD ``if_functions.py``).
-* ``release_behaviour=True`` -- the Tulu 3 release code (``if_functions.py`` as stored at 9c2d44be, still carrying
-  the placeholder bug fixed by 7dba4c9e2, #587, 2025-03-13). Where it differs (``RELEASE_OVERRIDES``):
+* ``release_behaviour=True`` -- the Tulu 3 release code (``if_functions.py`` last changed at 9c2d44be, the file at
+  the release commit 3dd7a07d and at c8b66a0e3 of Tulu 3.1 GRPO, still carrying the placeholder bug fixed by
+  7dba4c9e2, #587, 2025-03-13). Where it differs (``RELEASE_OVERRIDES``):
   - ``validate_placeholders`` returns a ``(bool, list)`` tuple, which is always truthy: **the placeholder constraint
     always passes** (the "placeholder checker that always passed");
   - ``validate_choice`` tests ``text in option`` (the response must be a substring of an option), not
@@ -16,6 +17,9 @@ Ground truth is one constraint: a JSON object (or dict) ``{"func_name": NAME, **
   - ``verify_sentence_constraint`` splits sentences after ``.``/``?`` only (HEAD also after ``!``);
   - ``validate_frequency_capital_words`` "around" means exactly N (HEAD: within max(round(0.1 N), 1)).
   Also as released: checkers without kwargs see the unstripped text; the others see it stripped.
+* ``placeholder_tuple_bug`` -- the placeholder checker alone, named: true = the release's tuple (always passes),
+  false = the fixed count; null (default) = as ``release_behaviour``. The Open-Instruct recipes set it true beside
+  ``release_behaviour``, so turning the bug off keeps the other release checkers.
 
 Text: the part after the last ``<|assistant|>\\n`` (both versions). Reward 1.0 / 0.0. A missing ``func_name`` -> 0.0
 (as both versions); unreadable JSON or an unknown checker -> None (skip; the original raised). A checker that raises
@@ -248,7 +252,8 @@ def _constraint(label) -> dict | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def score_ifeval(text: str, label, release_behaviour: bool = False) -> float | None:
+def score_ifeval(text: str, label, release_behaviour: bool = False,
+                 placeholder_tuple_bug: bool | None = None) -> float | None:
     """One sample: 1.0 if the constraint holds, 0.0 if not (or func_name missing), None if unreadable/unknown."""
     constraint = _constraint(label)
     if constraint is None:
@@ -256,6 +261,9 @@ def score_ifeval(text: str, label, release_behaviour: bool = False) -> float | N
     if "func_name" not in constraint:
         return 0.0
     checkers = RELEASE_CHECKERS if release_behaviour else CHECKERS
+    if placeholder_tuple_bug is not None:
+        bugged = RELEASE_OVERRIDES if placeholder_tuple_bug else CHECKERS
+        checkers = {**checkers, "validate_placeholders": bugged["validate_placeholders"]}
     func = checkers.get(constraint.pop("func_name"))
     if func is None:
         return None
@@ -271,9 +279,12 @@ def score_ifeval(text: str, label, release_behaviour: bool = False) -> float | N
 
 
 @register_verifier("ifeval")
-def ifeval_reward(completions, release_behaviour: bool = False, **columns) -> list[float | None]:
+def ifeval_reward(completions, release_behaviour: bool = False, placeholder_tuple_bug: bool | None = None,
+                  **columns) -> list[float | None]:
     """Tulu 3 IF constraint reward; column ``ground_truth`` (or ``constraint``/``answer``);
-    ``release_behaviour=True`` reproduces the Tulu 3 release checkers (always-passing placeholders, see module doc)."""
+    ``release_behaviour=True`` reproduces the Tulu 3 release checkers (always-passing placeholders, see module doc);
+    ``placeholder_tuple_bug`` switches that one checker by name (null: as ``release_behaviour``)."""
     comps = texts(completions)
     labels = column(columns, GOLD_COLUMNS, len(comps), "ifeval")
-    return [score_ifeval(c, g, bool(release_behaviour)) for c, g in zip(comps, labels)]
+    bug = None if placeholder_tuple_bug is None else bool(placeholder_tuple_bug)
+    return [score_ifeval(c, g, bool(release_behaviour), bug) for c, g in zip(comps, labels)]

@@ -1,8 +1,9 @@
 """The ``scale`` group: shrink any recipe so it runs end to end on a CPU, keeping its ratios.
 
 ``scale=full`` leaves the recipe as published. ``scale=tiny`` swaps the model for a locally built
-tiny model of the same architecture class, divides prompts per step by one factor ``k`` and the
-mini-batch by the same factor (so optimiser steps per RL step are kept), keeps the number of
+tiny model of the same architecture class (a critic initialised from a reward-model checkpoint becomes that
+tiny model with a fresh value head: Open-Instruct's 8B RM critic), divides prompts per step by one factor
+``k`` and the mini-batch by the same factor (so optimiser steps per RL step are kept), keeps the number of
 accumulated micro-batches where it still divides, caps lengths, points data at local files
 (the data config's ``tiny`` node) when the recipe reads from the hub, and collapses the layout to the
 machine at hand (one node, every rank a learner, generation colocated: core/config/layout.py).
@@ -66,6 +67,8 @@ def apply_scale(cfg, keep: tuple[str, ...] = (), world: int | None = None):
     cfg.model.tiny = s.model
     cfg.model.dtype = "float32"
     cfg.model.attn_implementation = "sdpa"
+    if OmegaConf.select(cfg, "advantage.critic.init_from"):  # a reward-model checkpoint: the tiny policy's weights
+        cfg.advantage.critic.init_from = None
     if cfg.data.tiny:  # local stand-ins for a hub dataset
         cfg.data = OmegaConf.merge(cfg.data, cfg.data.tiny)
     SHRINKERS.get(cfg.loop)(cfg, s)

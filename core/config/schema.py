@@ -288,6 +288,7 @@ class SchedulerConfig:
     name: str = ck("constant", registered("core.training.engine", "scheduler_names"))
     warmup_ratio: float = ck(0.0, between(0, 1))
     warmup_steps: int = ck(0, NONNEG)
+    warmup_override_bug: bool = False  # Open-Instruct release: warmup = int(ratio x steps), warmup_steps ignored
     kwargs: Dict[str, Any] = field(default_factory=dict)
 
 

@@ -73,6 +73,14 @@ def hub(cfg, split: str) -> list[dict]:
     return [dict(r) for r in datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=name)]
 
 
+@SOURCES.register("rlvr_mixture_tiny")
+def rlvr_mixture_tiny(cfg, split: str) -> list[dict]:
+    """Open-Instruct RLVR's GSM8K / MATH / IFEval rows, local and small (core/data/rlvr_tiny.py)."""
+    from core.data.rlvr_tiny import rows
+
+    return rows(cfg, split)
+
+
 def _json_line(line: str, path: Path, n: int, key: str) -> dict:
     try:
         row = json.loads(line)

@@ -51,15 +51,25 @@ def scheduler_names() -> list[str]:
     return sorted(s.value for s in SchedulerType)
 
 
+def warmup_steps(sched_cfg, total_steps: int) -> int:
+    """Warmup optimiser steps of ``optim.scheduler``: ``ceil(warmup_ratio x total_steps)`` when the ratio is set,
+    else ``warmup_steps``. ``warmup_override_bug`` is Open-Instruct's release rule (allenai/open-instruct@3dd7a07d
+    ``ppo_vllm_thread_ray_gtrl.py``, ``grpo_vllm_thread_ray_gtrl.py`` until 1e3c5b626, #579): ``if
+    args.warmup_ratio >= 0.0: warm_up_steps = int(num_training_steps * args.warmup_ratio)``, always true, so
+    ``warmup_steps`` is ignored and the ratio's warmup is rounded down."""
+    if sched_cfg.warmup_override_bug:
+        return int(total_steps * float(sched_cfg.warmup_ratio))
+    if sched_cfg.warmup_ratio:
+        return math.ceil(float(sched_cfg.warmup_ratio) * total_steps)
+    return int(sched_cfg.warmup_steps)
+
+
 def build_scheduler(optimizer, sched_cfg, total_steps: int):
-    """``transformers.get_scheduler`` with warmup given as a ratio of ``total_steps`` or in steps."""
+    """``transformers.get_scheduler`` with :func:`warmup_steps` of ``total_steps`` optimiser steps."""
     from transformers import get_scheduler
 
-    warmup = int(sched_cfg.warmup_steps)
-    if sched_cfg.warmup_ratio:
-        warmup = math.ceil(float(sched_cfg.warmup_ratio) * total_steps)
     extra = dict(sched_cfg.kwargs)
-    return get_scheduler(sched_cfg.name, optimizer, num_warmup_steps=warmup,
+    return get_scheduler(sched_cfg.name, optimizer, num_warmup_steps=warmup_steps(sched_cfg, total_steps),
                          num_training_steps=total_steps, scheduler_specific_kwargs=extra or None)
 
 

@@ -80,6 +80,20 @@ def test_release_placeholder_checker_always_passes():
     assert f(["[a] [b] [c]"], ground_truth=label) == [1.0]
 
 
+@pytest.mark.parametrize("release,bug,no_placeholders,choice", [
+    (True, None, 1.0, 1.0), (True, True, 1.0, 1.0), (True, False, 0.0, 1.0),  # the other release checkers stay
+    (False, None, 0.0, 0.0), (False, True, 1.0, 0.0), (False, False, 0.0, 0.0),
+])
+def test_placeholder_tuple_bug_switches_that_checker_alone(release, bug, no_placeholders, choice):
+    """``placeholder_tuple_bug``: the release's always-passing placeholder checker by name (null: as
+    ``release_behaviour``); ``validate_choice`` ("ye" is in an option only as the release reads it) is untouched."""
+    f = get_verifier("ifeval")
+    labels = [_label("validate_placeholders", {"N": 3}), _label("validate_choice", {"options": ["yes", "no"]})]
+    got = f(["no placeholders at all", "ye"], ground_truth=labels, release_behaviour=release,
+            placeholder_tuple_bug=bug)
+    assert got == [no_placeholders, choice]
+
+
 @pytest.mark.parametrize("name,kwargs,text,fixed,release", [
     ("validate_choice", {"options": ["yes", "no"]}, "My answer is yes.", 1.0, 0.0),  # release: text in option
     ("validate_choice", {"options": ["yes", "no"]}, "ye", 0.0, 1.0),
