@@ -139,8 +139,8 @@ BAD = [
 def test_a_broken_source_invariant_is_refused_with_the_reason(monkeypatch, override, reason):
     monkeypatch.setenv("WORLD_SIZE", "16")
     with pytest.raises(ConfigError) as err:
-        cfg = final_config(compose(["recipe=simplerl_zoo_7b", override]), world=16)
-        check_rl(cfg, world_size=16)
+        cfg = final_config(compose(["recipe=simplerl_zoo_7b", override]), world=16, packages=False)
+        check_rl(cfg, world_size=16, packages=False)
     assert reason in str(err.value)
 
 
