@@ -95,7 +95,7 @@ def _print_job_config(argv: list[str]) -> bool:
 def _nearest(cause) -> str:
     """For a key the schema lacks (OmegaConf's ConfigKeyError or ConfigAttributeError, which carry the key and
     the schema): the nearest valid names."""
-    from core.config.schema import nearest_keys
+    from core.config.checking import nearest_keys
 
     schema, key = getattr(cause, "object_type", None), getattr(cause, "key", None)
     if not (dataclasses.is_dataclass(schema) and isinstance(key, str)):

@@ -3,9 +3,9 @@
 Each group YAML names its schema at the top of its defaults list (``- /schema/train/rl@_here_``) and holds
 values; the dataclass gives every key its one type and one default, and Hydra refuses a value of the wrong
 type while it composes (``seed=abc``). A field's ``check`` metadata is its range (probabilities in [0, 1],
-positive sizes and learning rates, non-negative coefficients, enums); :func:`check_schema` applies them to
-the final config (after ``scale``), refuses keys no schema declares (``+train.unknown_key=1``, which Hydra
-lets through) with the nearest valid names, and is the first check every loop runs, before any model.
+positive sizes and learning rates, non-negative coefficients, enums); ``check_schema`` (core/config/checking.py)
+applies them to the final config (after ``scale``), refuses keys no schema declares (``+train.unknown_key=1``,
+which Hydra lets through) with the nearest valid names, and is the first check every loop runs, before any model.
 
 A group with variants has one schema per variant (``train``: RL or reward-model loop; ``data``: prompts or
 preference pairs; ``advantage``: one per estimator with its own keys). Free-form nodes (``kwargs``,
@@ -13,12 +13,10 @@ preference pairs; ``advantage``: one per estimator with its own keys). Free-form
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from core.config.ranges import (BOOL_OR_AUTO, NONNEG, OPT_POS, POS, above, at_least, between, ck, one_of,
                                 registered)
@@ -474,48 +472,6 @@ def store() -> None:
     for key, node in SCHEMAS.items():
         group, _, name = key.rpartition("/")
         cs.store(group=f"schema/{group}" if group else "schema", name=name, node=node)
-
-
-# --- the check --------------------------------------------------------------------------------------------
-
-
-def check_schema(cfg, root: type = Config, prefix: str = "") -> list[str]:
-    """Every unknown key (with the nearest valid names) and every value out of its range in ``cfg`` (schema
-    ``root``, keys named from ``prefix``), a composed ``DictConfig`` whose nodes carry their schema types."""
-    errors: list[str] = []
-    _walk(cfg, root, prefix, errors)
-    return errors
-
-
-def nearest_keys(key: str, schema: type) -> list[str]:
-    """Up to three keys of ``schema`` (a dataclass) spelt most like ``key``."""
-    return difflib.get_close_matches(key, [f.name for f in dataclasses.fields(schema)], n=3, cutoff=0.5)
-
-
-def _walk(node, schema: type | None, prefix: str, errors: list[str]) -> None:
-    if not isinstance(node, DictConfig) or schema is None or not dataclasses.is_dataclass(schema):
-        return
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    for key in node.keys():
-        path = f"{prefix}{key}"
-        if key not in fields:
-            near = nearest_keys(str(key), schema)
-            hint = f"did you mean {' or '.join(prefix + n for n in near)}?" if near else \
-                f"valid keys here: {', '.join(fields)}"
-            errors.append(f"{path}: unknown key ({schema.__name__}); {hint}")
-            continue
-        value = node._get_node(key)
-        if isinstance(value, DictConfig):
-            sub = OmegaConf.get_type(value)
-            _walk(value, sub if dataclasses.is_dataclass(sub) else None, path + ".", errors)
-            continue
-        check = fields[key].metadata.get("check")
-        if check is None:
-            continue
-        raw = OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else node[key]
-        problem = check(raw)
-        if problem is not None:
-            errors.append(f"{path}={raw!r}: expected {problem}")
 
 
 def node(schema: type, values: dict | None = None, **kw) -> DictConfig:

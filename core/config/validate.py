@@ -17,7 +17,7 @@ from core.algorithms.advantage import ADVANTAGES
 from core.algorithms.kl_control import KL_CONTROLLERS
 from core.config.layout import layout_problems, world_size
 from core.config.scale import apply_scale, command_line_keys
-from core.config.schema import check_schema
+from core.config.checking import check_schema
 from core.errors import InputError
 from core.models.loading import model_source_problem
 from core.registry import Registry

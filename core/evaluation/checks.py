@@ -14,7 +14,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from core.config.schema import PromptDataConfig, check_schema
+from core.config.checking import check_schema
+from core.config.schema import PromptDataConfig
 from core.errors import InputError
 from core.evaluation.schema import EvalRunConfig, EvalSetConfig
 from core.evaluation.sets import SET_KEYS

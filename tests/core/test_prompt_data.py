@@ -103,7 +103,7 @@ def test_a_training_set_the_filters_leave_too_small_is_refused():
 
 
 def test_an_unknown_overflow_policy_is_refused_by_the_schema():
-    from core.config.schema import check_schema
+    from core.config.checking import check_schema
     from core.config.composition import compose
 
     cfg = compose(["data.prompt_overflow=truncate_right"])
