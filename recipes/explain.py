@@ -98,17 +98,22 @@ def _no_source(cfg, n: dict) -> list[tuple[str, str]]:
 
 @SOURCE_VIEWS.register("trl")
 def _trl(cfg, n: dict) -> list[tuple[str, str]]:
-    """TRL GRPOTrainer (Open-R1): generation batch = per_device_train_batch_size x processes x
-    gradient_accumulation_steps completions, each prompt num_generations times (trl grpo_config.py)."""
-    per_device = n["micro"]
-    accum = n["samples"] // (per_device * n["learners"])
-    return [("num_processes", f"{n['learners']}"),
+    """TRL GRPOTrainer (Open-R1 on TRL 0.18): per_device_train_batch_size completions per process and micro-step,
+    gradient_accumulation_steps of them per optimiser step; a generation batch of per_device_train_batch_size x
+    processes x steps_per_generation completions (steps_per_generation defaults to gradient_accumulation_steps), each
+    prompt num_generations times, which must divide it (trl grpo_config.py ``__post_init__``, v0.18.0)."""
+    per_device, procs, t = n["micro"], n["learners"], cfg.train
+    per_generation = n["samples"] // (per_device * procs)
+    default = " (TRL's default: gradient_accumulation_steps)" if per_generation == n["accum"] else ""
+    return [("num_processes", f"{procs}"),
             ("per_device_train_batch_size", f"{per_device} (train.micro_batch_size)"),
-            ("gradient_accumulation_steps", f"{accum} = {n['samples']} / ({per_device} x {n['learners']})"),
+            ("gradient_accumulation_steps", f"{n['accum']} = {n['mini']} / ({per_device} x {procs})"),
+            ("steps_per_generation", f"{per_generation}{default}"),
             ("num_generations", f"{n['group']}"),
-            ("generation batch", f"{per_device} x {n['learners']} x {accum} = {n['samples']} completions = "
+            ("generation batch", f"{per_device} x {procs} x {per_generation} = {n['samples']} completions = "
                                  f"{n['prompts']} prompts x {n['group']}"),
-            ("num_iterations", f"{n['ppo_epochs']}")]
+            ("num_iterations", f"{n['ppo_epochs']}"),
+            ("num_train_epochs / max_steps", f"{t.epochs} / -1" if t.epochs else f"(ignored) / {t.total_steps}")]
 
 
 @SOURCE_VIEWS.register("verl")

@@ -276,13 +276,14 @@ def draw_prompts(run: Run) -> tuple[list[int], list[list[int]]]:
     return idx, [run.train_ids[i] for i in idx]
 
 
-def score(run: Run, roll: RolloutBatch, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = False):
     """Verifier rewards ``[N]``, a validity mask ``[N]`` (False where the verifier said None), on the run's
-    device, and the decoded completions."""
-    texts = decode_responses(run.tokenizer, roll)
+    device, and the decoded completions; ``evaluation``: by ``verifier.eval_name`` (with ``eval_kwargs``) when set."""
+    texts, v = decode_responses(run.tokenizer, roll), run.cfg.verifier
     cols = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    read = REWARD_TEXTS.get(run.cfg.verifier.text)(run.tokenizer, roll, texts)  # verifier.text: what it reads
-    rewards = run.verifier(read, **cols, **run.cfg.verifier.kwargs)
+    fn, kwargs = (get_verifier(v.eval_name), v.eval_kwargs) if evaluation and v.eval_name else (run.verifier, v.kwargs)
+    read = REWARD_TEXTS.get(v.text)(run.tokenizer, roll, texts)  # verifier.text: what it reads
+    rewards = fn(read, **cols, **kwargs)
     valid = torch.tensor([r is not None for r in rewards], device=run.device)
     return torch.tensor([0.0 if r is None else float(r) for r in rewards], device=run.device), valid, texts
 
@@ -425,7 +426,7 @@ def evaluate(run: Run) -> float:
         if rows or run.rollout.collective:  # a rank with no rows decodes a stand-in prompt alongside the others
             roll = run.rollout.generate(ids or run.eval_ids[:1], Sampling.from_cfg(run.cfg.rollout, greedy=True))
         if rows:
-            scores, valid, _ = score(run, roll, rows)
+            scores, valid, _ = score(run, roll, rows, evaluation=True)
             counts += torch.tensor([float(((scores > 0) & valid).sum()), float(valid.sum())], dtype=torch.float64)
     correct, scored = distributed.all_sum(counts).tolist()
     return correct / scored if scored else float("nan")

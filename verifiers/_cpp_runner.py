@@ -254,8 +254,9 @@ def _yes_no_tokens(data):
 
 
 def _zip_lines(output, answer):
-    # Open-R1 `code` (verifiers.code.io_case_passed): stripped lines over zip, so extra lines are not compared.
-    out, exp = output.strip().split(b"\n"), answer.strip().split(b"\n")
+    # Open-R1 `code` (verifiers.code.io_case_passed): stripped lines over zip, so extra lines are not compared; the
+    # output is stripped before the split, the answer is not.
+    out, exp = output.strip().split(b"\n"), answer.split(b"\n")
     return all(o.strip() == e.strip() for o, e in zip(out, exp))
 
 

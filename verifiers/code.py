@@ -3,9 +3,12 @@
 * Code extraction: Open-R1 ``extract_code`` (huggingface/open-r1 src/open_r1/utils/code_providers / rewards.py
   @ c1e1192): the last match of ```` ```python\\n(.*?)``` ````, else "".
 * ``code`` -- stdin/stdout test cases, Open-R1 ``code_reward``: each case runs the program with the input on stdin
-  (default 5 s each), stdout and expected are compared line by line after ``strip`` over ``zip`` (the shorter side
-  only); reward = fraction of cases passed. Column ``verification_info`` ({"test_cases": [{"input","output"}]}) or
-  ``test_cases``. No code -> 0.0.
+  (default 5 s each); the stripped stdout and the expected output are split into lines and compared pairwise after
+  ``strip`` over ``zip`` (the shorter side only); reward = fraction of cases passed. Column ``verification_info``
+  ({"test_cases": [{"input","output"}]}) or ``test_cases``. No code -> 0.0. ``timeout_fails_all=True``: a case
+  that runs out of time scores the whole sample 0.0, as in Open-R1's evaluation script, where
+  ``subprocess.TimeoutExpired`` escapes ``evaluate_code`` and the sandbox returns no number
+  (docs/verifiers.md "Open-R1's code reward").
 * ``code_binary`` -- Open-R1 ``binary_code``: 1 if ``code`` > 0.99 else 0 (None kept).
 * ``code_mbpp`` -- assert tests, MBPP order (Austin et al. 2021): code, then ``test_setup_code``, then the
   ``test_list`` asserts, all-or-nothing in one process. ``code_mbpp_fraction``: one process per assert, fraction.
@@ -43,8 +46,9 @@ def extract_code(completion: str, language: str = "python") -> str:
 
 
 def io_case_passed(stdout: str, expected: str) -> bool:
-    """Open-R1's comparison: all(zip of stripped lines equal) -- extra lines on either side are not checked."""
-    out_lines, exp_lines = stdout.strip().split("\n"), str(expected).strip().split("\n")
+    """Open-R1's comparison: all(zip of stripped lines equal) -- extra lines on either side are not checked. The
+    output is stripped before the split, the expected output is not (a leading blank expected line is compared)."""
+    out_lines, exp_lines = stdout.strip().split("\n"), str(expected).split("\n")
     return all(o.strip() == e.strip() for o, e in zip(out_lines, exp_lines))
 
 
@@ -80,11 +84,15 @@ def run_asserts(program: str, setup: str, asserts: Sequence[str], timeout: float
     return passed / len(asserts) if fraction else float(passed == len(asserts))
 
 
-def run_io_cases(program: str, cases: Sequence[dict], timeout: float = 5.0, batch_size: int = 1) -> float:
-    """Fraction of stdin/stdout cases passed; with ``batch_size`` > 0 stop after the first batch with a failure."""
+def run_io_cases(program: str, cases: Sequence[dict], timeout: float = 5.0, batch_size: int = 1,
+                 timeout_fails_all: bool = False) -> float:
+    """Fraction of stdin/stdout cases passed; with ``batch_size`` > 0 stop after the first batch with a failure;
+    with ``timeout_fails_all`` a case that times out makes the result 0.0 (Open-R1's script)."""
     passed = 0
     for batch in _batches(cases, batch_size):
         ok = [run_signed(program, stdin=str(c["input"]), timeout=timeout) for c in batch]
+        if timeout_fails_all and any(r.status == "timeout" for r in ok):
+            return 0.0
         good = [r.ok and io_case_passed(r.stdout, c["output"]) for r, c in zip(ok, batch)]
         passed += sum(good)
         if not all(good):
@@ -112,10 +120,13 @@ def code_reward(completions, **columns) -> list[float | None]:
     comps = texts(completions)
     infos = column(columns, ("verification_info", "test_cases"), len(comps), "code")
     timeout, bs = float(columns.get("timeout", 5.0)), int(columns.get("batch_size", -1))
+    all_or_nothing = bool(columns.get("timeout_fails_all", False))
 
     def one(text, info):
         cases, code = _test_cases(info), extract_code(text)
-        return None if not cases else (0.0 if not code.strip() else run_io_cases(code, cases, timeout, bs))
+        if not cases:
+            return None
+        return 0.0 if not code.strip() else run_io_cases(code, cases, timeout, bs, all_or_nothing)
     return _parallel(one, list(zip(comps, infos)), columns.get("workers"))
 
 

@@ -1,6 +1,7 @@
 """Format and shaping rewards of Open-R1 (huggingface/open-r1 ``src/open_r1/rewards.py`` @ c1e1192).
 
-Registered: ``format`` (R1 think/answer), ``tag_count``, ``reasoning_steps``, ``cosine`` (Yeo et al. 2025,
+Registered: ``format`` (R1 think/answer), ``code_format`` (the same with a fenced code block in the answer),
+``tag_count``, ``reasoning_steps``, ``cosine`` (Yeo et al. 2025,
 "Demystifying long CoT"), ``repetition_penalty`` (same paper, App. C.2), ``soft_overlong_punishment`` (DAPO,
 Yu et al. 2025, Eq. 13). Parameters are keyword columns with Open-Instruct/Open-R1 script defaults.
 """
@@ -20,6 +21,31 @@ STEPS_RE = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,
 def format_reward(completions, **_) -> list[float]:
     """1 if the whole completion is ``<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>`` (strict newlines)."""
     return [1.0 if FORMAT_RE.match(c) else 0.0 for c in texts(completions)]
+
+
+def code_format_pattern(language: str) -> str:
+    """Open-R1 ``get_code_format_reward``'s pattern for ``language``, interpolated unescaped as there (the languages
+    it names, python and cpp, hold no regex metacharacters)."""
+    return rf"^<think>\n.*?\n</think>\n<answer>\n.*?```{language}.*?```.*?\n</answer>$"
+
+
+@register_verifier("code_format")
+def code_format_reward(completions, code_language: str = "python", **columns) -> list[float]:
+    """1 if the completion is the ``format`` layout with a block opened by three backticks and the language inside
+    the answer (``re.match``, DOTALL | MULTILINE, as Open-R1). The language is the row's ``language`` column when the
+    rows have one (Open-R1: "mixed language training", the Codeforces rows), else ``code_language`` (Open-R1's
+    script argument of that name, default python).
+
+    >>> done = "<think>\\nplan\\n</think>\\n<answer>\\n```cpp\\nint main(){}\\n```\\n</answer>"
+    >>> code_format_reward([done, done], language=["cpp", "python"])
+    [1.0, 0.0]
+    """
+    comps = texts(completions)
+    n = len(comps)
+    languages = column(columns, ("language",), n, "code_format") if columns.get("language") is not None else \
+        [code_language] * n
+    return [1.0 if re.match(code_format_pattern(lang), text, re.DOTALL | re.MULTILINE) else 0.0
+            for text, lang in zip(comps, languages)]
 
 
 @register_verifier("tag_count")

@@ -1,9 +1,11 @@
 """Composing the configs outside ``@hydra.main``, and the OmegaConf resolvers they use.
 
 Every entry point registers the resolvers (``recipes/run.py``, the benches, the tests' compose fixture):
-``${root:}``, the project root, and ``${run_id:}``, a suffix unique to this launch that keeps run dirs
-apart when many start in the same second. :func:`compose` is Hydra's compose API on ``conf/``, which
-Hydra's docs keep for tests, notebooks and tools like the benches; runs go through ``@hydra.main``.
+``${root:}``, the project root, ``${run_id:}``, a suffix unique to this launch that keeps run dirs
+apart when many start in the same second, and ``${codeforces_tiny:}``, the folder of the tiny Codeforces problems
+(written by their data source), which the Codeforces recipe's ``verifier.tiny`` names as cf_code's tests folder.
+:func:`compose` is Hydra's compose API on ``conf/``, which Hydra's docs keep for tests, notebooks and tools like the
+benches; runs go through ``@hydra.main``.
 """
 from __future__ import annotations
 
@@ -24,12 +26,21 @@ def run_id() -> str:
     return shared.replace("-", "")[:6] if shared != "none" else secrets.token_hex(3)
 
 
+def _codeforces_tiny() -> str:
+    """The tiny Codeforces problems' folder in the local cache (core/data/codeforces_tiny.py); the data source
+    ``codeforces_tiny`` writes it when it first reads the rows, before any reward is computed."""
+    from core.data import codeforces_tiny
+
+    return str(codeforces_tiny.folder(build=False))
+
+
 def register_resolvers() -> None:
     """The resolvers, and the typed schema in Hydra's ConfigStore (the YAML files name it)."""
     from core.config.schema import store
 
     store()
-    for name, fn in (("root", lambda: str(PROJECT_ROOT)), ("run_id", run_id)):
+    resolvers = (("root", lambda: str(PROJECT_ROOT)), ("run_id", run_id), ("codeforces_tiny", _codeforces_tiny))
+    for name, fn in resolvers:
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)  # cached in the config: it travels with it
 

@@ -6,7 +6,8 @@ group's world, which must be the one torchrun started). Generation either shares
 has ``rollout_gpus`` of its own behind vLLM servers (``mode=dedicated``, ``rollout=vllm_server``:
 Open-Instruct's vLLM actors, Open-R1's ``trl vllm-serve`` node). vLLM engines span
 ``rollout.vllm.tensor_parallel_size`` GPUs each (that key is the one place the TP size lives):
-``engines = rollout_gpus / TP`` when dedicated, ``learner_gpus / TP`` when colocated. Each source's layout is an option of the group, citing it; docs/launch.md has the table.
+``engines = rollout_gpus / TP`` when dedicated, ``learner_gpus / TP`` when colocated. Each source's layout is an
+option of the group, citing it; docs/launch.md has the table.
 """
 from __future__ import annotations
 

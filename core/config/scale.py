@@ -5,17 +5,23 @@ tiny model of the same architecture class (a critic initialised from a reward-mo
 tiny model with a fresh value head: Open-Instruct's 8B RM critic), divides prompts per step by one factor
 ``k`` and the mini-batch by the same factor (so optimiser steps per RL step are kept), keeps the number of
 accumulated micro-batches where it still divides, caps lengths, points data at local files
-(the data config's ``tiny`` node) when the recipe reads from the hub, and collapses the layout to the
+(the data config's ``tiny`` node) when the recipe reads from the hub, with the verifier options those need (the
+verifier's ``tiny`` node: the tiny Codeforces problems' tests folder), caps DeepSpeed's communication buckets to
+the tiny model, and collapses the layout to the
 machine at hand (one node, every rank a learner, generation colocated: core/config/layout.py).
 """
 from __future__ import annotations
 
 import copy
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from core.config.layout import collapse, world_size
 from core.registry import Registry
+
+# DeepSpeed's bucket keys per ZeRO stage (zero_optimization; 5e8 elements each by default, 5e7 for the prefetch).
+ZERO_BUCKETS = {1: ("reduce_bucket_size", "allgather_bucket_size"), 2: ("reduce_bucket_size", "allgather_bucket_size"),
+                3: ("reduce_bucket_size", "stage3_prefetch_bucket_size")}
 
 # Per-loop batch shrinking (``loop`` -> fn(cfg, scale) mutating cfg.train in place).
 SHRINKERS: Registry = Registry("scale shrinker")
@@ -69,8 +75,15 @@ def apply_scale(cfg, keep: tuple[str, ...] = (), world: int | None = None):
     cfg.model.attn_implementation = "sdpa"
     if OmegaConf.select(cfg, "advantage.critic.init_from"):  # a reward-model checkpoint: the tiny policy's weights
         cfg.advantage.critic.init_from = None
-    if cfg.data.tiny:  # local stand-ins for a hub dataset
-        cfg.data = OmegaConf.merge(cfg.data, cfg.data.tiny)
+    for group in ("data", "verifier"):  # local stand-ins for a hub dataset, and the verifier options they need
+        if OmegaConf.select(cfg, f"{group}.tiny"):
+            with open_dict(cfg[group]):  # a tiny node may add keys to a free-form dict (verifier.eval_kwargs)
+                merged = OmegaConf.merge(cfg[group], cfg[group].tiny)
+            OmegaConf.set_struct(merged, OmegaConf.is_struct(cfg))
+            cfg[group] = merged
+    buckets = ZERO_BUCKETS.get(int(cfg.zero.stage), ())
+    if s.zero_bucket_size and buckets:  # DeepSpeed allocates its buckets whole
+        cfg.zero.options = OmegaConf.merge(dict.fromkeys(buckets, int(s.zero_bucket_size)), cfg.zero.options)
     SHRINKERS.get(cfg.loop)(cfg, s)
     cfg.layout.update(collapse(world_size() if world is None else world))
     for key, value in kept.items():

@@ -93,6 +93,7 @@ class PromptDataConfig:
     split: str = "train"
     eval_path: Optional[str] = None
     eval_split: str = "test"
+    eval_hub_name: Optional[str] = None  # source=hub: the eval split's dataset (its default config); null: hub_name
     prompt_key: str = "prompt"  # a column, or a path into nested ones: "prompt.0.content"
     answer_key: Optional[str] = "answer"  # null: the rows have no gold answer (the verifier reads other columns)
     eval_prompt_key: Optional[str] = None  # null: prompt_key
@@ -317,6 +318,11 @@ class VerifierConfig:
     name: str = "math"  # a registered verifier or ``module:function`` (checked by get_verifier)
     kwargs: Dict[str, Any] = field(default_factory=dict)
     text: str = ck("completion", registered("core.rollout.texts", "REWARD_TEXTS"))  # what the verifier reads
+    # The greedy evaluation's verifier and its kwargs (null: name with kwargs); a reward > 0 counts as correct, so a
+    # sum with format terms names its accuracy term here (Open-R1: math_open_r1).
+    eval_name: Optional[str] = None
+    eval_kwargs: Dict[str, Any] = field(default_factory=dict)
+    tiny: Optional[Dict[str, Any]] = None  # what scale=tiny merges over this node (local stand-ins' options)
 
 
 # --- loops ------------------------------------------------------------------------------------------------
@@ -426,6 +432,7 @@ class ScaleConfig:
     max_group_size: Optional[int] = ck(None, OPT_POS)
     total_steps: Optional[int] = ck(None, OPT_POS)
     max_new_tokens: Optional[int] = ck(None, OPT_POS)
+    zero_bucket_size: Optional[int] = ck(None, OPT_POS)  # DeepSpeed's bucket sizes, in elements (ZERO_BUCKETS)
     model: Optional[Dict[str, Any]] = None
 
 

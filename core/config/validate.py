@@ -142,17 +142,19 @@ def _check_loss(cfg, errors: list[str]) -> None:
 def _check_verifier(cfg, errors: list[str]) -> None:
     from verifiers import get_verifier
 
-    try:
-        fn = get_verifier(cfg.verifier.name)
-    except (KeyError, ImportError, AttributeError, ValueError) as e:
-        errors.append(f"verifier.name={cfg.verifier.name!r}: {e.args[0] if e.args else e}")
-        return
-    params = inspect.signature(fn).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        for key in cfg.verifier.kwargs:
-            if key not in params:
-                errors.append(f"verifier.kwargs.{key}: verifier {cfg.verifier.name} takes no {key!r} "
-                              f"(it takes {', '.join(params)})")
+    v = cfg.verifier
+    for key, kwargs in (("name", "kwargs"), ("eval_name", "eval_kwargs")):  # the greedy evaluation's is optional
+        if not v.get(key):
+            continue
+        try:
+            fn = get_verifier(v[key])
+        except (KeyError, ImportError, AttributeError, ValueError) as e:
+            errors.append(f"verifier.{key}={v[key]!r}: {e.args[0] if e.args else e}")
+            continue
+        params = inspect.signature(fn).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            errors += [f"verifier.{kwargs}.{k}: verifier {v[key]} takes no {k!r} (it takes {', '.join(params)})"
+                       for k in v.get(kwargs) or {} if k not in params]
 
 
 def installed(package: str) -> bool:

@@ -15,12 +15,16 @@ solutions: the Python one defines every expected output (it is run here to write
 Python checker in Open-R1's ``generated_checker`` form (``checker.py input correct_output output``, prints 1 or 0);
 9002/B reads ``input.txt`` and writes ``output.txt`` (``input_mode: file``).
 
-The files in ``data/codeforces_tiny/`` are this module's output: ``python -m core.data.codeforces_tiny`` writes
-them again, and a test checks that they match. The prompt text is ours (same layout as the dataset's: statement,
+The files are written on first use into the local cache, as tiny models are (:func:`folder`:
+``<cache>/data/<digest>``, core/models/loading.py ``cached_build``; ``RLR_CACHE_DIR`` moves the cache), the digest
+covering this module's source and the seed, so an edited problem is written to a new folder. ``python -m
+core.data.codeforces_tiny`` prints that folder (writing it if needed); ``python -m core.data.codeforces_tiny DIR``
+writes the files into ``DIR``. The prompt text is ours (same layout as the dataset's: statement,
 limits, formats, examples, the fenced-block instruction), not a copy of Open-R1's.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import subprocess
@@ -30,9 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from core import paths
-
-FOLDER = paths.PROJECT_ROOT / "data" / "codeforces_tiny"  # train.jsonl + generated_tests/ (tests_folder)
 SEED = 2026
 LANGUAGES = ("cpp", "python")
 CONTESTS = {"9001": "Tiny Round 1 (written for this repository)", "9002": "Tiny Round 2 (written for this repository)"}
@@ -286,7 +287,18 @@ def build(seed: int = SEED) -> tuple[list[dict], dict[str, list[dict]]]:
     return rows, generated
 
 
-def write(folder: Path = FOLDER, seed: int = SEED) -> list[Path]:
+def folder(seed: int = SEED, build: bool = True) -> Path:
+    """The folder holding ``train.jsonl`` and ``generated_tests/`` (cf_code's ``tests_folder``), written by
+    :func:`write` the first time it is asked for (once per machine and module version; concurrent callers build it
+    once, atomically); ``build=False`` only names it (the ``${codeforces_tiny:}`` resolver: a config that is resolved
+    but never reads the tiny problems writes nothing)."""
+    from core.models.loading import cache_entry, cached_build
+
+    key = {"name": "codeforces_tiny", "seed": seed, "module": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}
+    return cached_build("data", key, lambda out: write(out, seed)) if build else cache_entry("data", key)
+
+
+def write(folder: Path, seed: int = SEED) -> list[Path]:
     """Write ``train.jsonl`` and ``generated_tests/test_cases_{contest:04d}.parquet`` under ``folder``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -306,5 +318,7 @@ def write(folder: Path = FOLDER, seed: int = SEED) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in write(Path(sys.argv[1]) if len(sys.argv) > 1 else FOLDER):
-        print(path)
+    if len(sys.argv) > 1:
+        print("\n".join(str(path) for path in write(Path(sys.argv[1]))))
+    else:
+        print(folder())

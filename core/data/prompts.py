@@ -64,13 +64,41 @@ def local_file(cfg, split: str) -> list[dict]:
 
 @SOURCES.register("hub")
 def hub(cfg, split: str) -> list[dict]:
-    """``datasets.load_dataset(data.hub_name, split=...)``: how clusters load the same data by name."""
+    """``datasets.load_dataset(data.hub_name, data.hub_config, split=...)``: how clusters load the same data by name.
+    The eval split comes from ``data.eval_hub_name`` (its default config) when that is set, as Open-R1's math recipes
+    are evaluated on MATH-500 while their training set has no test split."""
     import datasets
 
     if not cfg.hub_name:
         raise DataError("data.hub_name is not set (data.source=hub needs a dataset name)")
-    name = cfg.split if split == "train" else cfg.eval_split
-    return [dict(r) for r in datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=name)]
+    if split == "train":
+        return [dict(r) for r in datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=cfg.split)]
+    other = cfg.eval_hub_name
+    name, config = (other, None) if other else (cfg.hub_name, cfg.hub_config)
+    return [dict(r) for r in datasets.load_dataset(name, config, split=cfg.eval_split)]
+
+
+@SOURCES.register("code_stdio")
+def code_stdio(cfg, split: str) -> list[dict]:
+    """MBPP or HumanEval rows from ``data.path`` (``data.eval_path`` for eval) converted to stdin/stdout problems in
+    Open-R1's code-dataset shape (core/data/code_stdio.py): the Open-R1 code recipe's stand-in at scale=tiny."""
+    from core.data.code_stdio import convert
+
+    rows = convert(local_file(cfg, split))
+    if not rows:
+        raise DataError(f"data.source=code_stdio: no MBPP or HumanEval problem in the {split} file converts to "
+                        f"stdin/stdout cases (expected rows with test_list, or with test and entry_point)")
+    return rows
+
+
+@SOURCES.register("codeforces_tiny")
+def codeforces_tiny(cfg, split: str) -> list[dict]:
+    """Six Codeforces-style problems in the open-r1/codeforces ``verifiable-prompts`` columns, written on first use
+    into the local cache (core/data/codeforces_tiny.py); the same rows for both splits. Their generated tests are in
+    ``${codeforces_tiny:}/generated_tests`` (cf_code's ``tests_folder``)."""
+    from core.data import codeforces_tiny as tiny
+
+    return read_rows(tiny.folder() / "train.jsonl", "data.source=codeforces_tiny")
 
 
 @SOURCES.register("rlvr_mixture_tiny")

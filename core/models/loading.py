@@ -102,14 +102,19 @@ def _file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def cache_entry(kind: str, key: Any) -> Path:
+    """``<cache>/<kind>/<digest(key)>``: where :func:`cached_build` puts the entry of ``key`` (built or not)."""
+    return paths.cache_dir() / kind / _digest(key)
+
+
 def cached_build(kind: str, key: Any, build: Callable[[Path], None]) -> Path:
-    """Return ``<cache>/<kind>/<digest(key)>``, running ``build(tmp_dir)`` once if it is missing.
+    """Return :func:`cache_entry` of ``key``, running ``build(tmp_dir)`` once if it is missing.
 
     The folder appears atomically (built in a temporary sibling, then renamed), so a killed build
     leaves no half-written entry behind.
     """
-    root = paths.cache_dir() / kind
-    final = root / _digest(key)
+    final = cache_entry(kind, key)
+    root = final.parent
     if (final / "DONE").exists():
         return final
     with _file_lock(root / f".{final.name}.lock"):

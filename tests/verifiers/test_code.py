@@ -34,6 +34,22 @@ def test_io_cases_fraction_and_open_r1_zip_rule():
     assert get_verifier("code")(["no code"], test_cases=[cases]) == [0.0]
 
 
+def test_io_comparison_strips_the_output_not_the_expected_text():
+    """Open-R1 code_reward's script: ``process.stdout.strip().split('\\n')`` against ``case['output'].split('\\n')``,
+    each pair stripped, over zip."""
+    assert io_case_passed("  5  \n", "5\n") and io_case_passed("1\n2", "1 \n 2\n\n")
+    assert not io_case_passed("5", "\n5")  # a leading blank expected line is compared with the output's first line
+
+
+def test_a_timeout_fails_the_whole_sample_when_asked():
+    """``timeout_fails_all``: Open-R1's uncaught ``TimeoutExpired`` makes the sandbox return no number -> 0.0."""
+    code = "```python\nimport time\nn = int(input())\nif n == 2:\n    time.sleep(60)\nprint(n)\n```"
+    cases = [{"input": "1", "output": "1"}, {"input": "2", "output": "2"}]
+    fn = get_verifier("code")
+    assert fn([code], test_cases=[cases], timeout=1.0) == [0.5]
+    assert fn([code], test_cases=[cases], timeout=1.0, timeout_fails_all=True) == [0.0]
+
+
 def test_assert_batches_stop_early():
     asserts = ["assert f(1) == 1", "assert f(2) == 5", "assert f(3) == 3"]
     assert run_asserts("def f(x): return x", "", asserts, fraction=True) == pytest.approx(1 / 3)

@@ -1,16 +1,19 @@
 """Open-R1's ``cf_code`` on the local runner (``verifiers/codeforces.py``) with the tiny Codeforces problems
-(``core/data/codeforces_tiny.py``, ``data/codeforces_tiny/``): reference solutions, wrong / slow / non-compiling
-programs, the checker problem, extraction edge cases and a row built in the open-r1/codeforces schema. Real g++ and
-Python runs in the code sandbox; each reference is judged once and scored in every mode from that one result."""
+(``core/data/codeforces_tiny.py``, written on demand into the local cache): reference solutions, wrong / slow /
+non-compiling programs, the checker problem, extraction edge cases and a row built in the open-r1/codeforces schema.
+Real g++ and Python runs in the code sandbox; each reference is judged once and scored in every mode from that one
+result."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from core.data import codeforces_tiny as tiny
+from core import paths
 from core.paths import PROJECT_ROOT
 from verifiers import get_verifier
 from verifiers.code import extract_code
@@ -19,7 +22,7 @@ from verifiers.codeforces import (NO_COMPILE_REWARD, NO_SUBMISSION_REWARD, SCORI
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed: the C++ judge needs it")
 
-TESTS_FOLDER = tiny.FOLDER / "generated_tests"
+TESTS_FOLDER = tiny.folder() / "generated_tests"  # written on first use (a few seconds), then read from the cache
 PROBLEMS = {p.id: p for p in tiny.PROBLEMS}
 # The columns of open-r1/codeforces `verifiable-prompts` (dataset card: the `verifiable` features + prompt, language).
 SCHEMA = ("id", "aliases", "contest_id", "contest_name", "contest_type", "contest_start", "contest_start_year", "index",
@@ -52,8 +55,8 @@ def _columns(rows: list[dict]) -> dict:
 
 @pytest.fixture(scope="module")
 def rows() -> dict:
-    """The committed tiny dataset, by (problem id, language)."""
-    with open(tiny.FOLDER / "train.jsonl", encoding="utf-8") as f:
+    """The tiny dataset, by (problem id, language)."""
+    with open(TESTS_FOLDER.parent / "train.jsonl", encoding="utf-8") as f:
         loaded = [json.loads(line) for line in f]
     return {(r["id"], r["language"]): r for r in loaded}
 
@@ -69,9 +72,10 @@ def references(rows) -> dict:
         return dict(ex.map(one, sorted(rows)))
 
 
-def test_committed_data_is_this_modules_output(rows):
-    """data/codeforces_tiny/ holds every problem in both languages, in the dataset's columns, with the module's
-    inputs (the outputs are checked by the references passing below)."""
+def test_the_written_data_is_this_modules_output(rows):
+    """The cache folder holds every problem in both languages, in the dataset's columns, with the module's inputs (the
+    outputs are checked by the references passing below); it is the module's one folder, under the cache dir."""
+    assert TESTS_FOLDER.parent == tiny.folder() and TESTS_FOLDER.is_relative_to(paths.cache_dir())
     assert sorted(rows) == sorted((p.id, lang) for p in tiny.PROBLEMS for lang in tiny.LANGUAGES)
     assert 5 <= len(tiny.PROBLEMS) <= 8
     generated = tiny.generated_inputs()
@@ -103,7 +107,7 @@ def test_the_verifier_end_to_end_on_the_rows(rows):
     comps = [_fence(PROBLEMS["9001/A"].cpp), _fence(PROBLEMS["9002/C"].python, "python"), "I cannot solve this."]
     fn = get_verifier("cf_code")
     assert fn is cf_code_reward
-    assert fn(comps, tests_folder=str(TESTS_FOLDER.relative_to(PROJECT_ROOT)), workers=2,
+    assert fn(comps, tests_folder=os.path.relpath(TESTS_FOLDER, PROJECT_ROOT), workers=2,
               **_columns(picked)) == pytest.approx([1.1, 1.1, NO_SUBMISSION_REWARD])
 
 

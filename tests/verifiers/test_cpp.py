@@ -108,11 +108,12 @@ COMPARISONS = [
     (b"yesterday", b"YESTERDAY", "piston", False),
     (b"1\n2\nextra", b"1\n2", "lines", True),  # Open-R1 `code`: zip over lines
     (b"1 2", b"1  2", "lines", False),
+    (b"5", b"\n5", "lines", False),  # the answer is not stripped as a whole: its leading blank line is compared
 ]
 
 
 def test_comparison_rules():
-    assert len(COMPARISONS) == 10
+    assert len(COMPARISONS) == 11
     for out, ans, mode, equal in COMPARISONS:
         assert _cpp_runner.COMPARE[mode](out, ans) is equal, (out, ans, mode)
 

@@ -36,3 +36,32 @@ def test_repetition_and_overlong():
     assert f(["x"] * 3, completion_lengths=[100, 14336, 16384 + 1], max_completion_len=16384) == [0.0, -0.125 * 0 + (16384 - 4096 - 14336) / 4096, -1.0]
     with pytest.raises(ValueError):
         get_verifier("repetition_penalty")(["a"], max_penalty=1.0)
+
+
+def _answer(body: str) -> str:
+    return f"<think>\nplan\n</think>\n<answer>\n{body}\n</answer>"
+
+
+def test_code_format_is_open_r1s_pattern():
+    """The pattern string of open-r1 src/open_r1/rewards.py@c1e1192 get_code_format_reward, for cpp."""
+    from verifiers.format import code_format_pattern
+
+    assert code_format_pattern("cpp") == "^<think>\\n.*?\\n</think>\\n<answer>\\n.*?```cpp.*?```.*?\\n</answer>$"
+
+
+def test_code_format_language_from_the_row_else_code_language():
+    f = get_verifier("code_format")
+    py, cpp = _answer("Here:\n```python\nprint(1)\n```"), _answer("```cpp\nint main(){}\n```")
+    assert f([py, cpp]) == [1.0, 0.0]  # default code_language python
+    assert f([py, cpp], code_language="cpp") == [0.0, 1.0]
+    assert f([py, cpp], language=["cpp", "cpp"], code_language="python") == [0.0, 1.0]  # the column wins
+    assert f([py, py], language=["python", "cpp"]) == [1.0, 0.0]
+
+
+def test_code_format_needs_the_layout_and_the_block_in_the_answer():
+    f = get_verifier("code_format")
+    outside = "<think>\n```python\nx\n```\n</think>\n<answer>\n42\n</answer>"
+    no_newlines = "<think>plan</think><answer>```python\nx\n```</answer>"
+    assert f([outside, no_newlines, _answer("no code"), GOOD]) == [0.0] * 4
+    # Open-R1's quirks, kept: MULTILINE lets text follow "</answer>" on later lines, and the language is a prefix match
+    assert f([_answer("```python\nx\n```") + "\nmore", _answer("```pythonic\nx\n```")]) == [1.0, 1.0]
