@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+import time
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +29,28 @@ def shared_data():
     if not d.is_dir():
         pytest.skip(f"real data not found at {d} (set RLR_DATA_DIR to the shared data folder)")
     return d
+
+
+STALE_LOCK_S = 900  # the build takes under a minute on 2 cores; a lock this old was left by a killed process
+
+
+@pytest.fixture(scope="session", autouse=True)
+def deepspeed_cpu_comm_op_built_once():
+    """Build DeepSpeed's CPU shared-memory comm op here, once, before any test starts a process.
+
+    DeepSpeed's CPU backend JIT-compiles ``deepspeed_shm_comm`` (about 40 s) in the first process that calls
+    ``init_distributed``, under torch's FileBaton lock file. A test subprocess killed by its timeout in the middle
+    of that build leaves the lock behind, and every later DeepSpeed process waits on it forever (seen in CI: each
+    later tiny run timed out). The pytest process is killed by no test, so it builds the op safely; a lock older
+    than any build is removed with a warning first.
+    """
+    try:
+        from deepspeed.comm.torch import build_shm_op
+        from torch.utils.cpp_extension import _get_build_directory
+    except ImportError:  # deepspeed is a core dependency; without it the DeepSpeed tests fail on their own
+        return
+    lock = Path(_get_build_directory("deepspeed_shm_comm", verbose=False)) / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        warnings.warn(f"removing the stale torch extension lock {lock} (older than {STALE_LOCK_S} s)")
+        lock.unlink(missing_ok=True)
+    build_shm_op()
