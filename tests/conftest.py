@@ -10,6 +10,10 @@ import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No test reads a hub (no network here or in CI): a hub name fails at once instead of retrying. Set before
+# huggingface_hub and datasets are imported: both read these once, at import.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from core import paths  # noqa: E402
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from core.config import schema
 from core.paths import PROJECT_ROOT
@@ -21,6 +22,29 @@ def tiny_model(arch: str = "qwen2", seed: int = 0):
     cfg = schema.node(schema.ModelConfig, name_or_path=None, arch=arch, tiny=TINY, init_seed=seed, dtype="float32")
     path = model_dir(cfg)
     return load_causal_lm(path, cfg), load_tokenizer(path)
+
+
+def slow(*values, **kwargs):
+    """A parametrize case that runs in ``make test-slow``: ``make test`` keeps one or two of a family, not each."""
+    return pytest.param(*values, marks=pytest.mark.slow, **kwargs)
+
+
+def explain(*overrides: str) -> subprocess.CompletedProcess:
+    """``python -m recipes.explain OVERRIDES`` in this process (a CLI start costs ~6 s of imports here; the CLI
+    itself is tested in test_explain.py): its printed lines, or its input error's message with status 1."""
+    import contextlib
+    import io
+
+    from recipes.explain import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            main(list(overrides))
+        except SystemExit as e:  # sys.exit("message"): Python prints it to stderr and exits 1
+            code = e.code if isinstance(e.code, int) else 1
+            err.write(f"{e.code}\n" if isinstance(e.code, str) else "")
+    return subprocess.CompletedProcess(["recipes.explain", *overrides], code, out.getvalue(), err.getvalue())
 
 
 # Small, fast settings for end-to-end runs of the real CLI.

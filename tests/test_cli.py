@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from core.paths import PROJECT_ROOT
-from tests.helpers import CLI_ENV, FAST, results, run_cli
+from tests.helpers import CLI_ENV, FAST, results, run_cli, slow
 
 STEP_KEYS = {"reward/mean", "reward/std", "accuracy", "length/mean", "length/max", "length/truncated_frac", "kl",
              "entropy", "clip_frac", "grad_norm", "lr", "loss", "time/generate", "time/verify", "time/logprobs",
@@ -122,8 +122,8 @@ def test_a_finished_run_is_not_run_again(straight_run):
 
 @pytest.mark.parametrize("resume, held, message", [
     ("true", "nothing", "resume=true but {run} holds no complete checkpoint"),
-    ("false", "a run", "resume=false but {run} already holds a run"),
-    ("maybe", "nothing", "resume='maybe': expected one of ['auto', True, False]"),
+    slow("false", "a run", "resume=false but {run} already holds a run"),
+    slow("maybe", "nothing", "resume='maybe': expected one of ['auto', True, False]"),
 ])
 def test_resume_asks_for_what_the_run_dir_holds(tmp_path, resume, held, message):
     if held == "a run":
@@ -193,22 +193,24 @@ def test_compare_plots_the_training_curves(sweep, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
 
 
+# A sample through the command line (exit status, message only, no model dir): tests/core/test_bad_inputs.py checks
+# every refusal in-process; the rest of the sample runs in `make test-slow` (each CLI start costs ~6 s here).
 @pytest.mark.parametrize("overrides, message", [
     (["recipe=no_such_recipe"], "Available options in 'recipe'"),
     (["train.mini_batch_size=24"], "not divisible by train.mini_batch_size=24"),
-    (["train.micro_batch_size=5"], "train.mini_batch_size=16 is not divisible by train.micro_batch_size"),
-    (["train.group_size=1", "train.mini_batch_size=4", "train.micro_batch_size=4"], "train.group_size=1"),
+    slow(["train.micro_batch_size=5"], "train.mini_batch_size=16 is not divisible by train.micro_batch_size"),
+    slow(["train.group_size=1", "train.mini_batch_size=4", "train.micro_batch_size=4"], "train.group_size=1"),
     (["train.prompts_per_step=100", "train.mini_batch_size=400"], "larger than the training set (64 rows"),
     (["data.source=file", "data.path=/nonexistent/train.jsonl"], "data file not found: /nonexistent/train.jsonl"),
-    (["advantage.name=nope"], "advantage.name='nope': expected one of ['dr_grpo', 'gae', 'grpo'"),
-    (["train.packing=maybe"], "train.packing='maybe': expected one of ['auto', True, False]"),
+    slow(["advantage.name=nope"], "advantage.name='nope': expected one of ['dr_grpo', 'gae', 'grpo'"),
+    slow(["train.packing=maybe"], "train.packing='maybe': expected one of ['auto', True, False]"),
     (["model.dtype=float16"], "model.dtype=float16: fp16 training needs loss scaling"),
-    (["model.dtype=nope"], "model.dtype='nope': expected one of ['float32', 'bfloat16', 'float16']"),
-    (["device=tpu"], "device='tpu': expected auto, cpu, cuda or cuda:N"),
+    slow(["model.dtype=nope"], "model.dtype='nope': expected one of ['float32', 'bfloat16', 'float16']"),
+    slow(["device=tpu"], "device='tpu': expected auto, cpu, cuda or cuda:N"),
     pytest.param(["device=cuda"], "device=cuda: no CUDA device is available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     (["zero=stage3"], "train.warm_start.steps=5 with zero.stage=3: the warm start trains a full copy"),
-    (["layout=colocate"], "layout.learner_gpus=8 but this run has 1 rank(s) (no WORLD_SIZE: one process)"),
+    slow(["layout=colocate"], "layout.learner_gpus=8 but this run has 1 rank(s) (no WORLD_SIZE: one process)"),
 ])
 def test_bad_input_fails_before_any_model_is_built(tmp_path, overrides, message):
     proc = run_cli(tmp_path, *FAST, *overrides, "model.init_seed=987654")
@@ -237,6 +239,7 @@ def test_saved_model_generates_like_the_trained_one(straight_run):
     assert out.shape[1] > ids.shape[1]
 
 
+@pytest.mark.slow
 def test_ten_runs_started_together_get_ten_dirs_and_ten_rows(tmp_path):
     """Run dirs carry a launch-unique suffix after the timestamp: launches in the same second never share one."""
     import subprocess
@@ -259,6 +262,7 @@ def test_ten_runs_started_together_get_ten_dirs_and_ten_rows(tmp_path):
         assert summary["run_dir"] == str(d) and f"seed: {summary['seed']}" in (d / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_multirun_needs_no_sweep_dir(tmp_path):
     """The README's multirun, with the config's own sweep dir (it once failed resolving hydra.sweep.dir)."""
     proc = run_cli(tmp_path, *FAST, "train.total_steps=1", "train.warm_start.steps=0", "seed=0,1", multirun=True,

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from core.config.composition import register_resolvers
-from core.paths import CONF_DIR, PROJECT_ROOT
+from core.paths import CONF_DIR
 
 register_resolvers()
 

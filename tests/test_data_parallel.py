@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import results, run_cli
+from tests.helpers import results, run_cli, slow
 
 # Greedy rollouts make the completions independent of each rank's sampling RNG; a reward of the gold answer
 # alone makes rewards differ across the batch on any machine (so the gradient is not zero by accident of
@@ -39,7 +39,8 @@ STAGE3 = "zero=stage3 +zero.options.stage3_param_persistence_threshold=0"
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("zero", ["zero=none", "zero=stage2", STAGE3, f"{STAGE3} rollout.gather_for_generation=false"])
+@pytest.mark.parametrize("zero", ["zero=none", slow("zero=stage2"), STAGE3,
+                                  slow(f"{STAGE3} rollout.gather_for_generation=false")])
 def test_two_ranks_train_like_one_process(one_process, tmp_path, zero):
     _run(tmp_path, 2, *SAME, *zero.split())
     rows = _rows(tmp_path)
@@ -64,7 +65,7 @@ SPLIT = [*SAME[:5], "verifier.name=tests.stub_rewards:step_position", "kl=k1", "
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("advantage", ["advantage=grpo", "advantage=rloo"])
+@pytest.mark.parametrize("advantage", ["advantage=grpo", slow("advantage=rloo")])
 def test_groups_spanning_ranks_train_like_one_process(tmp_path, advantage):
     _run(tmp_path / "one", 1, *SPLIT, advantage)
     _run(tmp_path / "two", 2, *SPLIT, advantage)
@@ -77,6 +78,7 @@ def test_groups_spanning_ranks_train_like_one_process(tmp_path, advantage):
             assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-7), key
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_rank_run_killed_after_a_checkpoint_resumes(tmp_path):
     import os

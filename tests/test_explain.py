@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from core.paths import PROJECT_ROOT
-from tests.helpers import CLI_ENV
+from tests.helpers import CLI_ENV, explain
 
 
 def _explain(*overrides: str) -> subprocess.CompletedProcess:
@@ -26,8 +26,8 @@ def test_the_default_recipe_is_explained_from_its_config():
 
 
 def test_a_source_view_states_the_batch_in_its_flags():
-    proc = _explain("source.name=trl", "train.prompts_per_step=16", "train.group_size=7", "train.mini_batch_size=112",
-                    "train.micro_batch_size=16")
+    proc = explain("source.name=trl", "train.prompts_per_step=16", "train.group_size=7", "train.mini_batch_size=112",
+                   "train.micro_batch_size=16")  # in this process: the two tests around it run the CLI
     assert proc.returncode == 0, proc.stderr
     assert "generation batch: 16 x 1 x 7 = 112 completions = 16 prompts x 7" in proc.stdout
 

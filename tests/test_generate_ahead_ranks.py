@@ -26,6 +26,7 @@ def _steps(tmp) -> list[dict]:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_two_ranks_ahead_killed_and_resumed_train_like_one_process(tmp_path):
     one = run_cli(tmp_path / "one", *AHEAD)
     assert one.returncode == 0, one.stderr[-4000:]

@@ -24,7 +24,7 @@ from core.paths import PROJECT_ROOT
 from core.rollout import Sampling, build_rollout
 from core.rollout.server import _sampled_logprobs, even_shares, server_urls
 from core.training.engine import build_train_engine
-from tests.helpers import CLI_ENV, FAST, TINY, results, run_cli
+from tests.helpers import FAST, TINY, results, run_cli, slow
 from tests.vllm_server_double import digest
 
 CLIENT = "tests.vllm_server_double.GlooVLLMClient"
@@ -148,7 +148,7 @@ def test_an_unreachable_server_fails_naming_its_url_and_the_timeout_key():
         _rollout(model, tok, port, engines=1, timeout=0.5)
 
 
-@pytest.mark.parametrize("ahead", [0, 1])
+@pytest.mark.parametrize("ahead", [slow(0), 1])
 def test_two_learner_ranks_train_with_a_dedicated_server(servers, tmp_path, ahead):
     """The whole loop on 2 gloo ranks with ``layout=dedicated rollout=vllm_server``, generating in step or one step
     ahead (the server's request in flight while the learners train): it finishes, every step's prompts were
@@ -158,7 +158,7 @@ def test_two_learner_ranks_train_with_a_dedicated_server(servers, tmp_path, ahea
     start = _state(base)
     steps, ppstep, G, evals = 2, 4, 4, 8
     proc = run_cli(tmp_path, *FAST, "layout=dedicated", "layout.gpus_per_node=3", "layout.learner_gpus=2",
-                   "rollout=vllm_server", f"rollout.server.hosts=[127.0.0.1]", f"rollout.server.port={base}",
+                   "rollout=vllm_server", "rollout.server.hosts=[127.0.0.1]", f"rollout.server.port={base}",
                    f"rollout.server.group_port={_free_ports(1)[0]}", f"rollout.server.client={CLIENT}",
                    f"model.name_or_path={path}", "train.warm_start.steps=0", "device=cpu",
                    f"rollout.generate_ahead={ahead}", nproc=2, timeout=600)

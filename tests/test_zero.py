@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import slow
+
 WORKER = Path(__file__).with_name("zero_worker.py")
 LOAD_WORKER = Path(__file__).with_name("zero3_load_worker.py")
 
@@ -34,7 +36,7 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("stage", [0, slow(2), 3])
 def test_two_ranks_match_the_single_process_engine(reference, tmp_path, stage):
     got = _run(tmp_path, stage, 2)
     assert len(got["params"]) == len(reference["params"]) == 6 * 16 + 16 + 16 + 1
@@ -96,7 +98,6 @@ def test_a_deepspeed_engine_reads_the_dtype_keys_and_trains_as_before(reference,
 
 def _tiny_engine(dtype, lr):
     import torch
-    from omegaconf import OmegaConf
 
     from core.training.engine import build_train_engine
 
@@ -142,7 +143,6 @@ def test_zero3_models_load_partitioned_and_the_sharded_reference_computes_the_sa
     the reference runs sharded (a DeepSpeed engine without optimiser) and gives the unsharded log-probs, and
     a fresh critic head is initialised once and partitioned, equal to the unsharded initialisation."""
     import torch
-    from omegaconf import OmegaConf
 
     from core.models.critic import load_critic
     from core.models.loading import build_tiny_model_dir, load_causal_lm

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 from omegaconf import OmegaConf
 
 from core.config.composition import compose
 from core.config.validate import ConfigError, check_rl, final_config
-from core.paths import CONF_DIR, PROJECT_ROOT
-from tests.helpers import CLI_ENV, results, run_cli
+from core.paths import CONF_DIR
+from tests.helpers import explain, results, run_cli
 
 RECIPES = sorted(p.stem for p in (CONF_DIR / "recipe").glob("open_instruct_*.yaml")
                  if "\nloop: rm" not in p.read_text())
@@ -148,9 +147,7 @@ def test_the_tulu_template_renders_prompts_as_open_instruct_does():
 
 
 def _explain(*overrides: str) -> subprocess.CompletedProcess:
-    env = {**CLI_ENV, "HF_HUB_OFFLINE": "1"}  # the hub data is not read here: explain says so and goes on
-    return subprocess.run([sys.executable, "-m", "recipes.explain", *overrides], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return explain(*overrides)  # offline: the hub data is not read here, explain says so and goes on
 
 
 FIGURES = {

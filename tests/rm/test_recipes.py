@@ -93,7 +93,7 @@ def _check_saved_rm(run_dir: Path, summary: dict) -> None:
 # to keep the fast suite short: its 4090 variant (same data path, ZeRO-2 + LoRA) runs in the fast set.
 # The two ZeRO-3 recipes at tiny scale take 1-2 minutes each on 2 CPU cores (DeepSpeed's stage-3 setup); the
 # stage-3 engine is tested in test_zero.py, and these runs go to `make test-slow`.
-SLOW_TINY = ("openrlhf_rm_llama3_8b", "open_instruct_rm_8b")
+SLOW_TINY = ("openrlhf_rm_llama3_8b", "openrlhf_rm_llama3_8b_4090", "open_instruct_rm_8b")
 TINY_RUNS = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TINY else n for n in RM_RECIPES]
 
 
