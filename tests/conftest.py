@@ -57,4 +57,7 @@ def deepspeed_cpu_comm_op_built_once():
     if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
         warnings.warn(f"removing the stale torch extension lock {lock} (older than {STALE_LOCK_S} s)")
         lock.unlink(missing_ok=True)
-    build_shm_op()
+    try:
+        build_shm_op()
+    except Exception as e:  # noqa: BLE001 (a failed build fails the DeepSpeed tests themselves, not every test)
+        warnings.warn(f"DeepSpeed's CPU shm comm op did not build: {type(e).__name__}: {e}")
