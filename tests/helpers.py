@@ -1,6 +1,8 @@
-"""Shared test helpers: a tiny model, and running the real CLI in a subprocess."""
+"""Shared test helpers: a tiny model, the real CLI in a subprocess, `recipes.explain` in this process."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -32,9 +34,6 @@ def slow(*values, **kwargs):
 def explain(*overrides: str) -> subprocess.CompletedProcess:
     """``python -m recipes.explain OVERRIDES`` in this process (a CLI start costs ~6 s of imports here; the CLI
     itself is tested in test_explain.py): its printed lines, or its input error's message with status 1."""
-    import contextlib
-    import io
-
     from recipes.explain import main
 
     out, err, code = io.StringIO(), io.StringIO(), 0

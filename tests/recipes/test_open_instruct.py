@@ -6,7 +6,6 @@ source's batch arithmetic refused with the reason. Values: /work/shared/referenc
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from omegaconf import OmegaConf
@@ -146,10 +145,6 @@ def test_the_tulu_template_renders_prompts_as_open_instruct_does():
     assert tok.decode(D.tokenize_prompt(system, data, tok)) == "<|system|>\nS\n<|user|>\nQ\n<|assistant|>\n"
 
 
-def _explain(*overrides: str) -> subprocess.CompletedProcess:
-    return explain(*overrides)  # offline: the hub data is not read here, explain says so and goes on
-
-
 FIGURES = {
     "open_instruct_rlvr_8b": [
         "7 learner GPU(s) + 1 rollout GPU(s) on 1 node(s) x 8; 1 vLLM engine(s) x TP 1 (dedicated)",
@@ -178,7 +173,7 @@ FIGURES = {
 
 @pytest.mark.parametrize("name", sorted(FIGURES))
 def test_explain_reproduces_the_published_figures(name):
-    proc = _explain(f"recipe={name}")
+    proc = explain(f"recipe={name}")  # offline: the hub rows are not read, explain says so
     assert proc.returncode == 0, proc.stderr[-3000:]
     for line in FIGURES[name]:
         assert line in proc.stdout, (line, proc.stdout)

@@ -19,8 +19,6 @@ from core.paths import CONF_DIR, PROJECT_ROOT
 from tests.helpers import CLI_ENV, explain, slow
 
 RECIPES = sorted(p.stem for p in (CONF_DIR / "recipe").glob("open_r1_*.yaml"))
-# No hub access here: fail the row count at once instead of retrying (explain says the rows are not readable).
-OFFLINE = {**CLI_ENV, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 # System prompt A (every current recipe) and B (config_simple_rl), verbatim.
 PROMPT_A = ("You are a helpful AI Assistant that provides well-reasoned and detailed responses. You first think about "
@@ -188,12 +186,8 @@ def test_the_tiny_codeforces_reward_reads_the_cache_folder(monkeypatch):
     assert (tiny.data.source, tiny.data.prompt_key, tiny.data.answer_key) == ("codeforces_tiny", "prompt", None)
 
 
-def _explain(*overrides: str) -> subprocess.CompletedProcess:
-    return explain(*overrides)  # offline: the hub rows are not read here, and explain says so
-
-
 def test_explain_quotes_512_completions_as_32_prompts_of_16():
-    proc = _explain("recipe=open_r1_grpo_1_5b")
+    proc = explain("recipe=open_r1_grpo_1_5b")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "GPUs: 8 learner GPU(s) + 8 rollout GPU(s) on 2 node(s) x 8; 8 vLLM engine(s) x TP 1 (dedicated)" in out
@@ -255,7 +249,7 @@ def test_overrides_that_break_trls_divisibility_are_refused_with_the_arithmetic(
 
 
 def test_explain_prints_the_failing_arithmetic_of_num_generations_14_on_8_gpus():
-    proc = _explain("recipe=open_r1_grpo_1_5b", "train.group_size=14")
+    proc = explain("recipe=open_r1_grpo_1_5b", "train.group_size=14")
     assert proc.returncode == 1 and proc.stdout == ""
     assert "32 x 14 = 448 completions is not divisible by train.mini_batch_size=512" in proc.stderr
 

@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 
 from core.config.composition import compose
 from core.config.validate import ConfigError, check_rl, final_config
-from core import paths
 from core.paths import CONF_DIR, PROJECT_ROOT
 from tests.helpers import CLI_ENV, explain, slow
 
@@ -87,13 +86,8 @@ def test_recipe_values_are_the_sources(name):
     assert len(EXACT[name]) > 80
 
 
-def _explain(data_dir, *overrides: str) -> subprocess.CompletedProcess:
-    assert paths.data_dir() == data_dir  # in this process explain reads the data the fixture found
-    return explain(*overrides)
-
-
 def test_explain_reproduces_the_published_figures(shared_data):
-    proc = _explain(shared_data, "recipe=simplerl_zoo_7b")
+    proc = explain("recipe=simplerl_zoo_7b")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for line in ("8360 training rows after the filters -> 8 RL steps per epoch",
@@ -111,7 +105,7 @@ def test_explain_reproduces_the_published_figures(shared_data):
 
 
 def test_explain_states_the_32b_layout(shared_data):
-    proc = _explain(shared_data, "recipe=simplerl_zoo_32b")
+    proc = explain("recipe=simplerl_zoo_32b")
     assert proc.returncode == 0, proc.stderr[-3000:]
     for line in ("64 learner GPU(s) on 8 node(s) x 8; 8 vLLM engine(s) x TP 8", "micro_batch_size 2 x 16 accumulated",
                  "160 global // 64 GPUs = 2 per GPU (train.logprob_micro_batch_size 2)"):
@@ -119,7 +113,7 @@ def test_explain_states_the_32b_layout(shared_data):
 
 
 def test_explain_shows_the_arithmetic_a_bad_override_breaks(shared_data):
-    proc = _explain(shared_data, "recipe=simplerl_zoo_7b", "train.group_size=7")
+    proc = explain("recipe=simplerl_zoo_7b", "train.group_size=7")
     assert proc.returncode == 1
     assert "train.prompts_per_step x train.group_size = 1024 x 7 = 7168 completions is not divisible by " \
            "train.mini_batch_size=2048" in proc.stderr
