@@ -99,7 +99,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     dtype = check_precision(cfg.model.dtype, device)
     rank, world = distributed.init(device)
-    seed_everything(int(cfg.seed))
+    seed_everything(int(cfg.seed), bool(cfg.deterministic))
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
     plan = validate.check_rl(cfg, world_size=world, num_train_rows=len(train_rows))  # before any model
     path = model_dir(cfg.model)
@@ -136,7 +136,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
                             wandb=cfg.logger.wandb, config=cfg),
               gen=GenerationAhead(rollout, int(cfg.rollout.generate_ahead)), critic=critic, kl_ctl=KLController(cfg.kl))
     if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
-        seed_everything(int(cfg.seed) + 1_000_003 * rank)
+        seed_everything(int(cfg.seed) + 1_000_003 * rank, bool(cfg.deterministic))
     if prior.checkpoint is not None:
         _resume(run, prior.checkpoint)
     else:

@@ -69,7 +69,7 @@ def setup(cfg) -> Run:
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     dtype = check_precision(cfg.model.dtype, device)
     distributed.init(device)
-    seed_everything(int(cfg.seed))
+    seed_everything(int(cfg.seed), bool(cfg.deterministic))
     train_rows, eval_rows, stats = PD.load_pairs(cfg.data)  # text checks: before any model
     plan_batches(cfg.train, len(train_rows))
     if int(cfg.train.lora.rank) > 0:

@@ -218,3 +218,18 @@ def test_keep_best_saves_the_best_evaluated_policy_and_reports_it_beside_the_las
     (row,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert (row["best_step"], row["eval_best"]) == best and row["eval_after"] == after_rl[-1][1]
     assert (tmp_path / "run" / "best" / "config.json").exists()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_setup_honours_the_deterministic_key(compose_cfg, tmp_path, deterministic):
+    """``deterministic`` reaches torch through the loop's setup (no hidden default inside seed_everything)."""
+    import torch
+
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(not deterministic)
+    try:
+        rl.setup(compose_cfg(*BASE, f"deterministic={deterministic}", f"paths.results_dir={tmp_path}"),
+                 run_dir=str(tmp_path / "run"))
+        assert torch.are_deterministic_algorithms_enabled() is deterministic
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=True)
