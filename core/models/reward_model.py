@@ -170,8 +170,10 @@ def bt_loss(r: torch.Tensor, margin: torch.Tensor, loss_cfg) -> tuple[torch.Tens
 
 
 def pair_metrics(rc: torch.Tensor, rr: torch.Tensor) -> dict:
-    return {"accuracy": (rc > rr).float().mean().item(), "margin": (rc - rr).mean().item(),
-            "reward/chosen": rc.mean().item(), "reward/rejected": rr.mean().item()}
+    """Detached scalar tensors on the rewards' device (``core.reporting.metrics.to_floats`` turns them into floats
+    once a step, not once a micro-batch)."""
+    return {"accuracy": (rc > rr).float().mean(), "margin": (rc - rr).mean(),
+            "reward/chosen": rc.mean(), "reward/rejected": rr.mean()}
 
 
 def reward_stats(rewards: torch.Tensor) -> dict:
