@@ -172,7 +172,7 @@ def make_batch(run: Run, pairs: list[dict]) -> dict:
         batch = RM.packed_batch(pairs)
     else:
         batch = RM.pair_batch(pairs, run.tokenizer.pad_token_id, run.cfg.train.padding_side)
-    return {k: v.to(run.device) for k, v in batch.items()}
+    return {k: v.to(run.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 def rm_step(run: Run) -> dict:
