@@ -73,7 +73,7 @@ def run_ours() -> dict:
     from recipes import rm
 
     cfg = _cfg()
-    seed_everything(SEED)
+    seed_everything(SEED, deterministic=False)
     path = model_dir(cfg.model)
     tok = load_tokenizer(path)
     tok.padding_side = cfg.train.padding_side
@@ -103,7 +103,7 @@ def run_trl() -> dict:
     from core.models.loading import load_tokenizer, model_dir
 
     cfg = _cfg()
-    seed_everything(SEED)
+    seed_everything(SEED, deterministic=False)
     path = model_dir(cfg.model)
     tok = load_tokenizer(path)
     tok.padding_side = "right"

@@ -97,7 +97,8 @@ def main(cfg, out_dir: str | None = None) -> float:
     rows = []
     with open(out / "samples.jsonl", "w", encoding="utf-8") as fh:
         for s in sets:
-            seed_everything(int(cfg.seed))  # each set's draws are its own, whichever sets run before it
+            # each set's draws are its own, whichever sets run before it
+            seed_everything(int(cfg.seed), bool(cfg.deterministic))
             start = time.perf_counter()
             res = evaluate_set(cfg, s, rollout, tokenizer, ends)
             fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in res.records)

@@ -42,7 +42,7 @@ from core.models.critic import chunked_values, load_critic, token_values, value_
 from core.models.loading import for_training, load_causal_lm, load_tokenizer, model_dir
 from core.models.logprobs import chunked_logprobs, response_logprobs
 from core.models.warm_start import warm_started_dir
-from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
+from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb, to_floats
 from core.reporting.results import append_row, write_summary
 from core.rollout import RolloutBatch, Sampling, build_rollout
 from core.rollout.ahead import GenerationAhead
@@ -99,7 +99,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     dtype = check_precision(cfg.model.dtype, device)
     rank, world = distributed.init(device)
-    seed_everything(int(cfg.seed))
+    seed_everything(int(cfg.seed), bool(cfg.deterministic))
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
     plan = validate.check_rl(cfg, world_size=world, num_train_rows=len(train_rows))  # before any model
     path = model_dir(cfg.model)
@@ -139,7 +139,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
                             wandb=cfg.logger.wandb, config=cfg),
               gen=GenerationAhead(rollout, int(cfg.rollout.generate_ahead)), critic=critic, kl_ctl=KLController(cfg.kl))
     if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
-        seed_everything(int(cfg.seed) + 1_000_003 * rank)
+        seed_everything(int(cfg.seed) + 1_000_003 * rank, bool(cfg.deterministic))
     if prior.checkpoint is not None:
         _resume(run, prior.checkpoint)
     else:
@@ -350,7 +350,8 @@ def in_reward_kl(run: Run, fw: Forwards, mask) -> tuple[torch.Tensor | None, dic
 
 def update(run: Run, roll: RolloutBatch, mask, adv, ret, fw: Forwards) -> dict:
     """``ppo_epochs`` passes of mini-batch optimiser steps, each from ``grad_accum`` micro-batches;
-    the critic (if any) steps alongside the policy on the same micro-batches (Open-Instruct PPO)."""
+    the critic (if any) steps alongside the policy on the same micro-batches (Open-Instruct PPO). The
+    micro-batch metrics add up on the device (float64, as the floats did) and reach the host once, at the end."""
     t = run.cfg.train
     mini = int(t.mini_batch_size) // run.plan["world_size"]  # this rank's rows of one optimiser step
     micro, accum = int(t.micro_batch_size), run.plan["grad_accum"]
@@ -364,11 +365,11 @@ def update(run: Run, roll: RolloutBatch, mask, adv, ret, fw: Forwards) -> dict:
             for u0 in range(m0, m0 + mini, micro):
                 m = micro_step(run, roll, order[u0:u0 + micro], mask, adv, ret, fw, agg)
                 for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v / accum
+                    sums[k] = sums.get(k, 0.0) + v.double() / accum
             for k, v in engines_step(run).items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
-    return {k: v / steps for k, v in sums.items()}
+    return to_floats({k: v / steps for k, v in sums.items()})
 
 
 def epoch_order(run: Run, n: int, epoch: int) -> torch.Tensor:
@@ -385,7 +386,7 @@ def epoch_order(run: Run, n: int, epoch: int) -> torch.Tensor:
 
 def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, fw: Forwards, agg: AggContext) -> dict:
     """Forward, loss and backward of one micro-batch (rows ``sl``) for the policy and, if present, the
-    critic."""
+    critic. Its metrics are detached tensors on the device (no host sync per micro-batch)."""
     cfg, engine = run.cfg, run.engine
     temp = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)  # greedy: T = 1 log-probs
     ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
@@ -395,7 +396,7 @@ def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, f
                     fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
     loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)
     engine.backward(loss)
-    metrics["loss"] = loss.item() * agg.num_micro_batches
+    metrics["loss"] = loss.detach().double() * agg.num_micro_batches
     if run.critic is not None:
         c = cfg.advantage.critic
         v = run.critic.forward(token_values, ids, am, P, cfg.train.packing)  # [n, R]
@@ -403,8 +404,8 @@ def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, f
         per_token = value_loss(v, fw.values[sl], ret[sl], c.clip)  # [n, R]
         vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, vmask, agg)
         run.critic.backward(vloss)
-        metrics["value/loss"] = vloss.item() * agg.num_micro_batches
-        metrics["value/mean"] = masked_mean(v.detach(), vmask).item()
+        metrics["value/loss"] = vloss.detach().double() * agg.num_micro_batches
+        metrics["value/mean"] = masked_mean(v.detach(), vmask)
     return metrics
 
 

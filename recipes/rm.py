@@ -23,7 +23,7 @@ from core.data import preferences as PD
 from core.data.prompts import DataError, PromptSampler
 from core.models import reward_model as RM
 from core.models.loading import for_training, load_tokenizer, model_dir
-from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
+from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb, to_floats
 from core.reporting.results import append_row, write_summary
 from core.training import distributed
 from core.training.checkpoint import (AlreadyFinished, atomic_dir, load_training_state, prior_run,
@@ -69,7 +69,7 @@ def setup(cfg) -> Run:
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     dtype = check_precision(cfg.model.dtype, device)
     distributed.init(device)
-    seed_everything(int(cfg.seed))
+    seed_everything(int(cfg.seed), bool(cfg.deterministic))
     train_rows, eval_rows, stats = PD.load_pairs(cfg.data)  # text checks: before any model
     plan_batches(cfg.train, len(train_rows))
     if int(cfg.train.lora.rank) > 0:
@@ -172,11 +172,12 @@ def make_batch(run: Run, pairs: list[dict]) -> dict:
         batch = RM.packed_batch(pairs)
     else:
         batch = RM.pair_batch(pairs, run.tokenizer.pad_token_id, run.cfg.train.padding_side)
-    return {k: v.to(run.device) for k, v in batch.items()}
+    return {k: v.to(run.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 def rm_step(run: Run) -> dict:
-    """One optimiser step over ``batch_size`` pairs, accumulated from micro-batches."""
+    """One optimiser step over ``batch_size`` pairs, accumulated from micro-batches; their metrics add up on
+    the device (float64) and reach the host once."""
     t, engine, timer = run.cfg.train, run.engine, PhaseTimer()
     idx = run.sampler.next()[distributed.rank()::run.plan["world"]]
     micro, accum = int(t.micro_batch_size), run.plan["grad_accum"]
@@ -187,9 +188,9 @@ def rm_step(run: Run) -> dict:
             r = engine.forward(RM.sequence_rewards, batch)  # [2 x micro]
             loss, m = RM.bt_loss(r, batch["margin"], t.loss)
             engine.backward(loss / accum)
-            for k, v in {**m, "loss": loss.item()}.items():
-                sums[k] = sums.get(k, 0.0) + v / accum
-        sums.update(engine.step())
+            for k, v in {**m, "loss": loss.detach()}.items():
+                sums[k] = sums.get(k, 0.0) + v.double() / accum
+        sums = {**to_floats(sums), **engine.step()}
     return {**sums, **timer.pop(), "memory/peak_mb": peak_memory_mb()}
 
 
@@ -210,8 +211,8 @@ def evaluate(run: Run, keep_rewards: bool = False) -> dict:
     rc, rr, margin = torch.cat(rc), torch.cat(rr), torch.cat(margins)
     loss, m = RM.bt_loss(torch.cat([rc, rr]), margin, t.loss)
     stats = RM.reward_stats(torch.cat([rc, rr]))
-    out = {f"eval/{k}": v for k, v in m.items()}
-    out.update({"eval/loss": loss.item(), "eval/reward_mean": stats["mean"], "eval/reward_std": stats["std"]})
+    out = to_floats({**{f"eval/{k}": v for k, v in m.items()}, "eval/loss": loss})
+    out.update({"eval/reward_mean": stats["mean"], "eval/reward_std": stats["std"]})
     if keep_rewards:
         out["rewards"] = stats
     return out

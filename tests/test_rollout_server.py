@@ -22,7 +22,7 @@ from core.models.loading import load_causal_lm, load_tokenizer, model_dir
 from core.models.logprobs import response_logprobs
 from core.paths import PROJECT_ROOT
 from core.rollout import Sampling, build_rollout
-from core.rollout.server import _sampled_logprobs, even_shares, server_urls
+from core.rollout.server import _sampled_logprobs, even_shares, fan_out, server_urls
 from core.training.engine import build_train_engine
 from tests.helpers import FAST, TINY, results, run_cli, slow
 from tests.vllm_server_double import digest
@@ -94,6 +94,35 @@ def test_urls_shares_and_logprob_parsing():
     assert lps[0] == -2.0 and lps[1] != lps[1]
 
 
+def test_fan_out_hands_each_item_to_every_consumer_before_the_walk_moves_on():
+    """One walk, every consumer (each in its own thread) sees each item while the walk still holds it (a ZeRO-3
+    walk releases a gathered parameter when it moves on); a consumer's error reaches the caller."""
+    held, seen = [], [[], []]
+
+    def walk():
+        for i in range(4):
+            held.append(i)
+            yield i
+            held.remove(i)
+
+    def drain(j):
+        def consume(items):
+            for x in items:
+                assert held == [x]
+                seen[j].append(x)
+        return consume
+
+    fan_out(walk(), [drain(0), drain(1)])
+    assert seen == [[0, 1, 2, 3]] * 2 and held == []
+
+    def refused(items):
+        next(items)
+        raise OSError("the server answered 400")
+
+    with pytest.raises(OSError, match="400"):
+        fan_out(walk(), [drain(0), refused])
+
+
 def test_push_reaches_every_server_exactly_and_generation_uses_the_pushed_weights(servers):
     path, base = servers
     model, tok = load_causal_lm(path, MODEL), load_tokenizer(path)
@@ -104,8 +133,18 @@ def test_push_reaches_every_server_exactly_and_generation_uses_the_pushed_weight
     engine.backward(loss)
     engine.step()  # the trainer's weights move away from the checkpoint the servers loaded
     before = [_state(base + j) for j in range(2)]
+    walks, walk = [], engine.named_full_parameters
+
+    def counted():  # each walk, and the parameters it yielded (under ZeRO-3 each one a gather)
+        walks.append(0)
+        for item in walk():
+            walks[-1] += 1
+            yield item
+
+    engine.named_full_parameters = counted
     roll.sync_weights(engine)
     mine = {name: digest(p) for name, p in model.named_parameters()}
+    assert walks == [len(mine)]  # one walk, each parameter once, for both engines
     for j in range(2):
         after = _state(base + j)
         assert after["weights"] == mine and before[j]["weights"] != mine

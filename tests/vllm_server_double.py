@@ -68,6 +68,11 @@ def _gloo_producer(iterator, group, src, post_iter_func, **_):
 class GlooVLLMClient(_trl_client().VLLMClient):
     """TRL's ``VLLMClient`` with its weight-transfer group over gloo (a CPU test double: see the module doc)."""
 
+    # Several clients stream at once, each from its own thread (core/rollout/server.py fan_out): TRL's module is
+    # patched while any of them streams, on with the first and off with the last (nested mock.patch contexts
+    # ended in another order would put the real producer back under a client still streaming).
+    _patch_lock, _patch_users, _patch = threading.Lock(), 0, None
+
     def __init__(self, *args, **kwargs):
         with mock.patch.object(_trl_client(), "is_vllm_available", return_value=True):  # vLLM is not installed
             super().__init__(*args, **kwargs)
@@ -85,9 +90,20 @@ class GlooVLLMClient(_trl_client().VLLMClient):
             future.result()
 
     def update_named_params(self, metadata, named_params):
-        with mock.patch.multiple(_trl_client(), create=True, _HAS_STATEFUL_TRAINER_ENGINE=True,
-                                 packed_nccl_broadcast_producer=_gloo_producer):
+        cls = GlooVLLMClient
+        with cls._patch_lock:
+            if cls._patch_users == 0:
+                cls._patch = mock.patch.multiple(_trl_client(), create=True, _HAS_STATEFUL_TRAINER_ENGINE=True,
+                                                 packed_nccl_broadcast_producer=_gloo_producer)
+                cls._patch.start()
+            cls._patch_users += 1
+        try:
             super().update_named_params(metadata, named_params)
+        finally:
+            with cls._patch_lock:
+                cls._patch_users -= 1
+                if cls._patch_users == 0:
+                    cls._patch.stop()
 
     def close_communicator(self):
         self.communicator = None

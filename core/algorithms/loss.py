@@ -240,7 +240,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def compute_policy_loss(inp: LossInput, loss_cfg, kl_cfg, ctx: AggContext, kl_coef: float | None = None):
-    """Scalar loss for one micro-batch and detached per-micro-batch metrics (floats).
+    """Scalar loss for one micro-batch and its metrics as detached scalar tensors on the loss's device: a
+    ``.item()`` here would wait for the GPU every micro-batch; the loop turns them into floats once a step.
 
     ``kl_coef`` is the controller's current beta (defaults to ``kl_cfg.coef``). The importance weight
     multiplies the policy term before the KL is added, as TRL does."""
@@ -250,15 +251,15 @@ def compute_policy_loss(inp: LossInput, loss_cfg, kl_cfg, ctx: AggContext, kl_co
     if w is not None:
         per_token = per_token * w  # [N, R]
         extra["is_weight"] = w
-    metrics = {k: masked_mean(v.float(), inp.mask).item() for k, v in extra.items()}
+    metrics = {k: masked_mean(v.float(), inp.mask).detach() for k, v in extra.items()}
     if inp.ref_logprobs is not None:
         kl = kl_penalty(inp.logprobs, inp.ref_logprobs, kl_cfg)  # [N, R]
-        metrics["kl"] = masked_mean(kl.detach(), inp.mask).item()
+        metrics["kl"] = masked_mean(kl.detach(), inp.mask)
         if kl_cfg.placement == "loss":
             per_token = per_token + float(kl_cfg.coef if kl_coef is None else kl_coef) * kl  # [N, R]
     coef = float(loss_cfg.entropy_coef)
     if inp.entropy is not None:
-        metrics["entropy"] = masked_mean(inp.entropy.detach(), inp.mask).item()
+        metrics["entropy"] = masked_mean(inp.entropy.detach(), inp.mask)
         if coef:
             per_token = per_token - coef * inp.entropy  # [N, R] entropy bonus
     loss = AGGREGATIONS.get(loss_cfg.aggregation)(per_token, inp.mask, ctx)

@@ -36,6 +36,9 @@ class Config:
 
     loop: str = ck("rl", one_of("rl", "rm"))
     seed: int = ck(0, NONNEG)
+    # torch's deterministic algorithms for the whole process (core/training/checkpoint.py seed_everything):
+    # on CUDA deterministic kernels and every torch.empty NaN-filled; a CPU run repeats bit for bit without it.
+    deterministic: bool = False
     device: str = "auto"
     cpu_threads: int = ck(0, NONNEG)
     recipe_name: str = "?"

@@ -54,6 +54,7 @@ class EvalRunConfig:
     """conf/eval.yaml: the keys outside the groups."""
 
     seed: int = ck(0, NONNEG)
+    deterministic: bool = False  # torch's deterministic algorithms: as the training config's `deterministic`
     device: str = "auto"
     cpu_threads: int = ck(0, NONNEG)
     preset: str = "?"

@@ -45,8 +45,8 @@ def token_values(critic, input_ids, attention_mask, prompt_length: int, packing=
     backbone = getattr(critic, critic.base_model_prefix)
     if T > P and packing_lib.packs(critic, packing):
         rows = packing_lib.pack(input_ids, attention_mask, P, attention_mask[:, P:T - 1])
-        hidden = backbone(input_ids=rows.input_ids, position_ids=rows.position_ids,
-                          use_cache=False).last_hidden_state[0, rows.source]  # [J, H]
+        hidden = backbone(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
+                          **rows.attention_kwargs(critic)).last_hidden_state[0, rows.source]  # [J, H]
         return packing_lib.unpack(critic.score(hidden).squeeze(-1).float(), rows)  # [N, R]
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                       position_ids=packing_lib.position_ids(attention_mask)).last_hidden_state  # [N, T, H]

@@ -29,7 +29,7 @@ def response_logprobs(model, input_ids, attention_mask, prompt_length: int, temp
     if packs(model, packing):
         rows = pack(input_ids, attention_mask, P, attention_mask[:, P + 1:])
         logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False,
-                       logits_to_keep=rows.source).logits[0]  # [J, V]
+                       logits_to_keep=rows.source, **rows.attention_kwargs(model)).logits[0]  # [J, V]
         targets = input_ids[:, P:][rows.scored]  # [J]
         lp, ent = token_logprobs(logits, targets, temperature, with_entropy, entropy_grad)
         return unpack(lp, rows), (None if ent is None else unpack(ent, rows))

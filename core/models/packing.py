@@ -41,6 +41,8 @@ PACKED_ATTENTION = frozenset({"sdpa", "eager", "flash_attention_2", "flash_atten
 # ... and those among them that attend per sequence (no [M, M] work): where packing=auto packs.
 VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3"})
 MODES = ("auto", True, False)
+LAYOUT = ("packed forwards expect the rollout layout: non-empty prompts, left-padded to the prompt length (the "
+          "last prompt column of every row a real token)")
 _REPORTED: set[str] = set()  # why a forward ran padded, logged once per reason
 
 
@@ -68,6 +70,24 @@ def packs(model, mode) -> bool:
     return mode is True or model.config._attn_implementation in VARLEN_ATTENTION
 
 
+def varlen_kwargs(model, cu_seqlens: torch.Tensor, max_length: int) -> dict:
+    """The sequence boundaries of a packed row as the keyword arguments transformers hands to variable-length
+    flash attention (``FlashAttentionKwargs``: ``cu_seq_lens_q/k``, ``max_length_q/k``; transformers 5.x
+    ``_flash_attention_forward`` takes its varlen branch when all four are given). Without them every layer
+    derives the boundaries from the position ids again (``prepare_fa_kwargs_from_position_ids``: a nonzero, a
+    max and the flash-attn call's int conversion, each a host sync, per layer). ``{}`` for sdpa/eager, whose
+    block-diagonal mask transformers builds once per forward from the position ids."""
+    if getattr(model.config, "_attn_implementation", None) not in VARLEN_ATTENTION:
+        return {}
+    return {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": max_length,
+            "max_length_k": max_length}
+
+
+def cu_seqlens(lens: torch.Tensor) -> torch.Tensor:
+    """Cumulative lengths ``[N + 1]`` (int32, flash-attn's type) of sequences of ``lens [N]`` packed in a row."""
+    return torch.nn.functional.pad(lens.cumsum(0), (1, 0)).to(torch.int32)
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions ``[N, T]`` that skip left padding: the first real token of each row is position 0."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -81,6 +101,12 @@ class PackedRows:
     position_ids: torch.Tensor  # [1, M] restarting at 0 per row
     source: torch.Tensor  # [J] packed index of the hidden state read for each scored slot
     scored: torch.Tensor  # [N, R] bool: the response slots that get a value (J of them)
+    cu_seqlens: torch.Tensor  # [N + 1] int32: where each row starts in the packed row, then M
+    max_length: int  # tokens of the longest row (on the host: flash-attn takes it as an int)
+
+    def attention_kwargs(self, model) -> dict:
+        """The boundaries for ``model``'s forward (:func:`varlen_kwargs`; empty unless flash attention)."""
+        return varlen_kwargs(model, self.cu_seqlens, self.max_length)
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
@@ -91,14 +117,16 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: i
     slot ``t`` reads the hidden state at position ``P + t - 1``: the last prompt token for ``t = 0``, else
     response token ``t - 1``, so it is scored when that token runs."""
     P, (N, T) = prompt_length, input_ids.shape
+    if P == 0:
+        raise ValueError(LAYOUT)
     prompt = attention_mask[:, :P].bool()  # [N, P]
-    if P == 0 or not bool(prompt[:, -1].all()):
-        raise ValueError("packed forwards expect the rollout layout: non-empty prompts, left-padded to the "
-                         "prompt length (the last prompt column of every row a real token)")
     run = torch.cat([prompt, run_resp.bool()], 1)  # [N, T-1]
     lens = run.sum(1)  # [N] tokens of each row that run
+    # the one host sync of a packed forward: the layout check, the row's length and the longest sequence
+    ok, M, longest = torch.stack([prompt[:, -1].all().long(), lens.sum(), lens.max()]).tolist()
+    if not ok:
+        raise ValueError(LAYOUT)
     starts = lens.cumsum(0) - lens  # [N] packed index of each row's first token
-    M = int(lens.sum())
     row = torch.repeat_interleave(torch.arange(N, device=input_ids.device), lens)  # [M]
     pos = torch.arange(M, device=input_ids.device) - starts[row]  # [M]
     t = torch.arange(T - P, device=input_ids.device)  # [R]
@@ -106,7 +134,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: i
     scored = t[None, :] <= n_resp  # [N, R] slot t reads response token t - 1 (or the last prompt token)
     source = (starts + prompt.sum(1) - 1)[:, None] + t[None, :]  # [N, R] packed index of position P + t - 1
     return PackedRows(input_ids=input_ids[:, :T - 1][run][None], position_ids=pos[None],
-                      source=source[scored], scored=scored)
+                      source=source[scored], scored=scored, cu_seqlens=cu_seqlens(lens), max_length=longest)
 
 
 def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:

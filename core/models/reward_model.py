@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from core.models.packing import cu_seqlens, varlen_kwargs
 from core.registry import Registry
 from core.training.device import DTYPES
 from core.training.engine import writable
@@ -60,8 +61,9 @@ def _parts(model):
 def sequence_rewards(model, batch: dict) -> torch.Tensor:
     """Reward per sequence ``[N]``: the head at ``batch['last']`` of the backbone's hidden states."""
     backbone, head = _parts(model)
-    if "position_ids" in batch:  # padding-free: one row, sequences told apart by position_ids
-        out = backbone(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    if "position_ids" in batch:  # padding-free: one row, sequences told apart by position_ids (flash: cu_seqlens)
+        varlen = varlen_kwargs(backbone, batch["cu_seqlens"], batch["max_length"])
+        out = backbone(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False, **varlen)
         hidden = out.last_hidden_state[0, batch["last"]]  # [N, H]
     else:
         out = backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
@@ -134,12 +136,15 @@ def pair_batch(pairs: list[dict], pad_id: int, padding_side: str = "right") -> d
 
 def packed_batch(pairs: list[dict]) -> dict:
     """Padding-free: every chosen then every rejected sequence in one row ``[1, T]``, with position ids
-    restarting at 0 per sequence (attention stays inside each sequence); ``last`` ``[2B]``."""
+    restarting at 0 per sequence (attention stays inside each sequence); ``last`` ``[2B]``; the boundaries
+    for flash attention (``cu_seqlens`` ``[2B + 1]``, ``max_length`` an int: known here, on the host)."""
     seqs = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
+    lens = torch.tensor([len(s) for s in seqs])  # [2B]
     ids = torch.tensor([t for s in seqs for t in s]).unsqueeze(0)  # [1, T]
     pos = torch.cat([torch.arange(len(s)) for s in seqs]).unsqueeze(0)  # [1, T]
-    last = torch.cumsum(torch.tensor([len(s) for s in seqs]), 0) - 1  # [2B]
-    return {"input_ids": ids, "position_ids": pos, "last": last,
+    last = torch.cumsum(lens, 0) - 1  # [2B]
+    return {"input_ids": ids, "position_ids": pos, "last": last, "cu_seqlens": cu_seqlens(lens),
+            "max_length": max(len(s) for s in seqs),
             "margin": torch.tensor([float(p.get("margin", 0.0)) for p in pairs])}
 
 
@@ -157,8 +162,10 @@ def bt_loss(r: torch.Tensor, margin: torch.Tensor, loss_cfg) -> tuple[torch.Tens
 
 
 def pair_metrics(rc: torch.Tensor, rr: torch.Tensor) -> dict:
-    return {"accuracy": (rc > rr).float().mean().item(), "margin": (rc - rr).mean().item(),
-            "reward/chosen": rc.mean().item(), "reward/rejected": rr.mean().item()}
+    """Detached scalar tensors on the rewards' device (``core.reporting.metrics.to_floats`` turns them into floats
+    once a step, not once a micro-batch)."""
+    return {"accuracy": (rc > rr).float().mean(), "margin": (rc - rr).mean(),
+            "reward/chosen": rc.mean(), "reward/rejected": rr.mean()}
 
 
 def reward_stats(rewards: torch.Tensor) -> dict:

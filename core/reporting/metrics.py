@@ -36,6 +36,17 @@ class PhaseTimer:
         return out
 
 
+def to_floats(metrics: dict) -> dict:
+    """``metrics`` with its tensors (detached scalars kept on the device while a step accumulates them, so no
+    micro-batch waits for the GPU) turned into floats in one host transfer; plain numbers pass through. float64
+    holds every float32 value exactly, so the floats are those ``.item()`` would give."""
+    keys = [k for k, v in metrics.items() if torch.is_tensor(v)]
+    if not keys:
+        return dict(metrics)
+    values = torch.stack([metrics[k].double() for k in keys]).tolist()  # the one sync
+    return {**metrics, **dict(zip(keys, values))}
+
+
 def peak_memory_mb() -> float:
     """Peak GPU memory allocated by torch if CUDA is in use, else the process's peak RSS."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():

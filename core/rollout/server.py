@@ -15,12 +15,13 @@ Rank 0 drives every server through TRL's own client (``trl.generation.vllm_clien
   every rank receives the completions and keeps its own (TRL: ``broadcast_object_list`` + ``process_slice``).
   :meth:`start_generate` returns before the servers answer (generation one step ahead); the other members
   of the rollout contract are in core/rollout/__init__.py.
-- weights (:meth:`sync_weights`): the names, dtypes and shapes are walked once (TRL ``_weight_metadata``);
-  each push walks ``engine.named_full_parameters()`` (under ZeRO-3 one parameter gathered at a time, on every
-  rank) and rank 0 streams the tensors to the server over its NCCL weight-transfer group
-  (``VLLMClient.update_named_params``: the packed broadcast of ``vllm.distributed.weight_transfer``), then resets
-  its prefix cache. With several engines the walk repeats once per engine (each has its own group); at ZeRO
-  stages 0-2 a walk gathers nothing.
+- weights (:meth:`sync_weights`): the names, dtypes and full shapes are read once, without a gather (TRL
+  ``_weight_metadata``; ZeRO-3's ``ds_shape``); each push walks ``engine.named_full_parameters()`` once (under
+  ZeRO-3 one parameter gathered at a time, on every rank) and rank 0 hands each gathered tensor to every engine's
+  client before the walk releases it (:func:`fan_out`): each client runs ``VLLMClient.update_named_params``
+  (start, update request, the packed broadcast of ``vllm.distributed.weight_transfer`` over its own NCCL group,
+  finish: TRL's request order) in a thread of its own, then every server resets its prefix cache. So a
+  parameter is gathered once per push, not once per engine; at ZeRO stages 0-2 a walk gathers nothing.
 
 Sampling is not seeded per request: one seed for a request would give every repeated prompt of a group the
 same completion. The servers' own ``--seed`` (``rollout.vllm.seed``) seeds them; as in TRL, server-mode
@@ -32,6 +33,8 @@ its NCCL rendezvous and broadcast swapped for gloo. Real vLLM servers and NCCL h
 """
 from __future__ import annotations
 
+import queue
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch.distributed as dist
@@ -91,15 +94,14 @@ class ServerRollout:
             raise RuntimeError("a generation is pending on the vLLM server(s): take its result() before pushing "
                                "weights, or it would finish on the new ones")
         if self._metadata is None:  # as TRL: the servers must know every tensor before the first is broadcast
-            self._metadata = [(name, str(t.dtype).removeprefix("torch."), list(t.shape))
-                              for name, t in engine.named_full_parameters()]
-        for j in range(len(self.urls)):  # each engine its own weight group: one walk each (gathers are collective)
-            params = engine.named_full_parameters()
-            if self.clients:
-                self.clients[j].update_named_params(self._metadata, params)
-            else:
-                for _ in params:  # take part in the gathers
-                    pass
+            self._metadata = [(name, str(p.dtype).removeprefix("torch."), list(getattr(p, "ds_shape", p.shape)))
+                              for name, p in engine.module.named_parameters()]  # ZeRO-3: the full shape, no gather
+        params = engine.named_full_parameters()  # one walk for every engine (gathers are collective)
+        if self.clients:
+            fan_out(params, [lambda it, c=c: c.update_named_params(self._metadata, it) for c in self.clients])
+        else:
+            for _ in params:  # take part in the gathers
+                pass
         for client in self.clients:
             client.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
@@ -135,6 +137,52 @@ class ServerRollout:
         lps = [_sampled_logprobs(seq_ids, seq_lps, r) for out in outs
                for seq_ids, seq_lps, r in zip(out["logprob_token_ids"], out["logprobs"], out["completion_ids"])]
         return resp, lps
+
+
+def fan_out(items, consumers: list) -> None:
+    """Feed one iterator to several consumers (callables that each drain an iterator), each in a thread of its
+    own, in lock step: item ``i`` goes to one consumer after another, and the walk takes item ``i + 1`` (a ZeRO-3
+    walk releases parameter ``i`` then) only once every consumer has asked for its next item, i.e. is done with
+    item ``i`` (vLLM's packed producer has copied it into its buffer or broadcast it). One consumer at a time
+    holds a new item, so one NCCL group at a time is fed. A consumer's exception is raised here; the others are
+    then left to their servers' timeouts (a server waits for the tensors it was announced)."""
+    end, n = object(), len(consumers)
+    slots, taken = [queue.Queue() for _ in range(n)], [threading.Semaphore(0) for _ in range(n)]
+    errors, ended = [None] * n, [False] * n
+
+    def stream(j):
+        while (item := slots[j].get()) is not end:
+            yield item
+            taken[j].release()  # the consumer asked for the next one: done with this item
+
+    def run(j):
+        try:
+            consumers[j](stream(j))
+        except BaseException as e:  # noqa: BLE001 (raised in the walking thread)
+            errors[j] = e
+        finally:
+            ended[j] = True
+            taken[j].release()  # a consumer that ended holding an item never blocks the walk
+
+    threads = [threading.Thread(target=run, args=(j,), daemon=True, name=f"weight-push-{j}") for j in range(n)]
+    for t in threads:
+        t.start()
+    for item in items:
+        for j in range(n):
+            if not ended[j]:
+                slots[j].put(item)
+                taken[j].acquire()
+            if errors[j] is not None:
+                for slot in slots:
+                    slot.put(end)
+                raise errors[j]
+    for j in range(n):
+        slots[j].put(end)
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 class PendingGeneration:

@@ -26,15 +26,22 @@ from core.training import distributed
 log = logging.getLogger(__name__)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (every device), and use deterministic kernels, so a run repeats bit for
-    bit on the same machine: CPU kernels are deterministic as they are; on CUDA, cuBLAS needs its workspace
-    fixed (``CUBLAS_WORKSPACE_CONFIG``, before its first call) and ops without a deterministic kernel warn."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed python, numpy and torch (every device); ``deterministic`` (config key ``deterministic``) also turns
+    on torch's deterministic algorithms for the whole process.
+
+    On a CPU a seeded run repeats bit for bit either way (its kernels are deterministic as they are, for a
+    fixed thread count); the switch adds only the NaN fill of uninitialised memory. On CUDA it picks the
+    deterministic kernels, fixes cuBLAS's workspace (``CUBLAS_WORKSPACE_CONFIG``, before its first call),
+    warns on ops without one, and fills every ``torch.empty`` with NaN
+    (``torch.utils.deterministic.fill_uninitialized_memory``), ZeRO-3's gather buffers and a colocated vLLM's
+    included: a cost none of the sources pays (none turns it on), hence off by default."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
 def rng_state() -> dict:

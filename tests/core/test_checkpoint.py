@@ -7,9 +7,11 @@ import json
 import os
 
 import pytest
+import torch
 
+from core.evaluation.schema import EvalRunConfig
 from core.training.checkpoint import (COMPLETE, AlreadyFinished, ResumeError, atomic_dir, prior_run,
-                                      recover)
+                                      recover, seed_everything)
 
 
 def _write(path, step: int, complete: bool = True, stamp: int = 0):
@@ -75,3 +77,29 @@ def test_prior_run_checks_resume_against_the_run_dir(tmp_path):
         prior_run(run, "auto")
     with pytest.raises(ResumeError, match="resume='yes': expected false, true or auto"):
         prior_run(run, "yes")
+
+
+@pytest.fixture
+def restore_determinism():
+    """seed_everything switches a process-wide torch flag: put it back for the tests after."""
+    was = torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    yield
+    torch.use_deterministic_algorithms(was[0], warn_only=True)
+    if was[1] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+
+
+def test_the_deterministic_key_is_off_by_default_and_off_on_a_cuda_process(monkeypatch, restore_determinism):
+    """The sources do not turn deterministic algorithms on; on CUDA they NaN-fill every ``torch.empty``
+    (ZeRO-3 gather buffers, a colocated vLLM). The default leaves them off, whatever the device (a CUDA process
+    faked here: seed_everything never asks the device), and leaves cuBLAS's workspace alone."""
+    from core.config import schema
+
+    assert schema.Config.deterministic is False and EvalRunConfig.deterministic is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.use_deterministic_algorithms(True)
+    seed_everything(0, deterministic=schema.Config.deterministic)
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    seed_everything(0, deterministic=True)
+    assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

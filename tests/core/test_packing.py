@@ -131,6 +131,18 @@ def test_the_packed_row_restarts_positions_per_sequence():
     assert rows.scored.tolist() == [[True, True, False], [True, False, False]]  # the real response tokens
     assert rows.source.tolist() == [1, 2, 5]  # hidden states of "6", "7" (row 0) and "11" (row 1)
     assert packing.unpack(torch.tensor([1.0, 2.0, 3.0]), rows).tolist() == [[1, 2, 0], [3, 0, 0]]
+    assert rows.cu_seqlens.tolist() == [0, 3, 6] and rows.cu_seqlens.dtype == torch.int32 and rows.max_length == 3
+
+
+def test_pack_gives_the_boundaries_of_ragged_rows():
+    """Left padding of different widths and responses of different lengths: ``cu_seqlens`` marks where each row
+    starts in the packed row (then its end), ``max_length`` is the longest row's run, a host int."""
+    ids = torch.arange(1, 29).view(4, 7)  # prompt 3 columns, response 4
+    am = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0], [0, 1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0, 0]])
+    rows = packing.pack(ids, am, 3, am[:, 4:])  # runs: 1+3, 3+0, 2+2, 3+0 tokens
+    assert rows.cu_seqlens.tolist() == [0, 4, 7, 11, 14] and rows.max_length == 4
+    assert type(rows.max_length) is int and rows.input_ids.shape == (1, 14)
+    assert rows.position_ids[0, rows.cu_seqlens[:-1].long()].tolist() == [0, 0, 0, 0]  # each row restarts at 0
 
 
 def test_a_prompt_not_left_padded_is_refused():
@@ -184,3 +196,120 @@ def test_packed_critic_values_and_gradients_equal_the_padded_critic(arch):
     assert _assert_grads_close(out[False][1], out[True][1]) == len(list(critic.parameters()))
     chunks = chunked_values(critic, roll.input_ids, roll.attention_mask, roll.prompt_length, 5, packing=True)
     torch.testing.assert_close(chunks[inputs], out[False][0][inputs], atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Variable-length flash attention on a CPU: transformers' own flash path (``flash_attention_forward`` ->
+# ``_flash_attention_forward``) with flash-attn's varlen kernel swapped for a per-sequence sdpa stand-in, so what
+# reaches the kernel, and whether transformers derived the boundaries itself, can be checked without a GPU.
+
+
+def _cpu_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                causal=False):
+    """``flash_attn_varlen_func`` on ``q [M, H, D]``, ``k, v [M, H_kv, D]``: causal attention inside each
+    ``[cu[i], cu[i + 1])`` (per-sequence sdpa); records the boundaries it was given."""
+    _cpu_varlen.seen.append((cu_seqlens_q, max_seqlen_q))
+    out = torch.empty_like(q)
+    bounds = cu_seqlens_q.tolist()
+    for a, b in zip(bounds, bounds[1:]):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=causal,
+            scale=softmax_scale, enable_gqa=True)  # [H, L, D]
+        out[a:b] = o.transpose(0, 1)
+    return out
+
+
+@pytest.fixture
+def cpu_flash(monkeypatch):
+    """transformers' flash-attention path runs on the CPU stand-in; returns the count of boundary derivations
+    from position ids (``_prepare_from_posids``, what each layer runs when no ``cu_seq_lens`` are given)."""
+    from transformers import modeling_flash_attention_utils as fa
+
+    derived = [0]
+    real = fa._prepare_from_posids
+
+    def counted(*a, **k):
+        derived[0] += 1
+        return real(*a, **k)
+
+    _cpu_varlen.seen = []
+    fns = ((None, _cpu_varlen, None, None, None), (fa._lazy_define_process_function(_cpu_varlen), dict))
+    monkeypatch.setattr(fa, "lazy_import_flash_attention", lambda *a, **k: fns)
+    monkeypatch.setattr(fa, "_prepare_from_posids", counted)
+    return derived
+
+
+def _as_flash(model):
+    model.config._attn_implementation = "flash_attention_2"  # the stand-in kernel answers it (cpu_flash)
+    return model
+
+
+def test_packed_flash_forwards_hand_the_boundaries_to_every_layer(cpu_flash):
+    """Under flash attention a packed forward passes ``cu_seq_lens_q/k`` and ``max_length_q/k`` (pack's, an int)
+    to transformers, which hands them to the varlen kernel in every layer and never derives them again from the
+    position ids; log-probs and gradients equal the padded sdpa forward's."""
+    model, tok, _ = _load(*MODELS["qwen2_gqa"])
+    roll = _rollout(model, tok)
+    padded, _, keep = _both(model, roll)
+    _as_flash(model)
+    model.zero_grad(set_to_none=True)
+    lp, ent = response_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_length, 0.7,
+                                with_entropy=True, entropy_grad=True, packing="auto")  # auto: flash packs
+    w = torch.randn(keep.shape, generator=torch.Generator().manual_seed(0))
+    ((lp * w * keep).sum() + (ent * keep).sum()).backward()
+    rows = packing.pack(roll.input_ids, roll.attention_mask, roll.prompt_length,
+                        roll.attention_mask[:, roll.prompt_length + 1:])
+    assert len(_cpu_varlen.seen) == model.config.num_hidden_layers and cpu_flash[0] == 0
+    for cu, longest in _cpu_varlen.seen:
+        assert torch.equal(cu, rows.cu_seqlens) and type(longest) is int and longest == rows.max_length
+    torch.testing.assert_close(lp[keep], padded[0][keep], atol=1e-5, rtol=1e-5)
+    _assert_grads_close(padded[2], {n: p.grad for n, p in model.named_parameters()})
+
+
+def test_without_the_boundaries_every_layer_derives_them(cpu_flash):
+    """What the kwargs save: the same packed row without them makes transformers derive the boundaries from the
+    position ids in every layer (host syncs each time on a GPU)."""
+    model, tok, _ = _load(*MODELS["qwen2_gqa"])
+    roll = _rollout(model, tok)
+    rows = packing.pack(roll.input_ids, roll.attention_mask, roll.prompt_length,
+                        roll.attention_mask[:, roll.prompt_length + 1:])
+    with torch.no_grad():
+        _as_flash(model)(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False)
+    assert cpu_flash[0] == model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_sdpa_and_eager_forwards_get_no_flash_kwargs(attn, monkeypatch):
+    """sdpa and eager keep building their block-diagonal mask from the position ids: no flash kwargs reach them,
+    whereas a flash model's packed forward (policy and critic) receives them."""
+    model, tok, d = _load(*MODELS["qwen2_gqa"], attn=attn)
+    roll = _rollout(model, tok)
+    critic = load_critic(d, schema.node(schema.CriticConfig), schema.node(schema.ModelConfig, attn_implementation=attn))
+    kwargs = []
+    for m in (model, critic.model):
+        real = m.forward
+        monkeypatch.setattr(m, "forward", lambda *a, _real=real, **k: kwargs.append(k) or _real(*a, **k))
+    response_logprobs(model, roll.input_ids, roll.attention_mask, roll.prompt_length, packing=True)
+    token_values(critic, roll.input_ids, roll.attention_mask, roll.prompt_length, packing=True)
+    assert len(kwargs) == 2 and not any("cu_seq_lens_q" in k for k in kwargs)
+
+
+def test_packed_flash_critic_and_reward_model_hand_the_boundaries_over(cpu_flash):
+    """The critic's packed forward and the reward model's packed pairs under flash attention: the kernel gets
+    their boundaries in every layer, none is derived again, and the values equal the padded sdpa forward's."""
+    from core.models import reward_model as RM
+
+    model, tok, d = _load(*MODELS["qwen2_gqa"])
+    roll = _rollout(model, tok)
+    critic = load_critic(d, schema.node(schema.CriticConfig), schema.node(schema.ModelConfig))
+    args = (roll.input_ids, roll.attention_mask, roll.prompt_length)
+    pairs = [{"chosen": [5, 6, 7, 8], "rejected": [5, 9]}, {"chosen": [10, 11], "rejected": [12, 13, 14]}]
+    with torch.no_grad():
+        padded = token_values(critic, *args, packing=False), RM.sequence_rewards(critic, RM.pair_batch(pairs, 0))
+        packed = token_values(_as_flash(critic), *args, packing="auto"), RM.sequence_rewards(critic, RM.packed_batch(pairs))
+    layers = critic.config.num_hidden_layers
+    assert len(_cpu_varlen.seen) == 2 * layers and cpu_flash[0] == 0
+    assert _cpu_varlen.seen[-1][0].tolist() == [0, 4, 2 + 4, 2 + 4 + 2, 2 + 4 + 2 + 3] and _cpu_varlen.seen[-1][1] == 4
+    keep = roll.response_mask.bool()
+    torch.testing.assert_close(packed[0][keep], padded[0][keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed[1], padded[1], atol=1e-5, rtol=1e-5)

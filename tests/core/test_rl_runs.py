@@ -218,3 +218,57 @@ def test_keep_best_saves_the_best_evaluated_policy_and_reports_it_beside_the_las
     (row,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert (row["best_step"], row["eval_best"]) == best and row["eval_after"] == after_rl[-1][1]
     assert (tmp_path / "run" / "best" / "config.json").exists()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_setup_honours_the_deterministic_key(compose_cfg, tmp_path, deterministic):
+    """``deterministic`` reaches torch through the loop's setup (no hidden default inside seed_everything)."""
+    import torch
+
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(not deterministic)
+    try:
+        rl.setup(compose_cfg(*BASE, f"deterministic={deterministic}", f"paths.results_dir={tmp_path}"),
+                 run_dir=str(tmp_path / "run"))
+        assert torch.are_deterministic_algorithms_enabled() is deterministic
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=True)
+
+
+def _host_syncs_of_one_update(compose_cfg, tmp_path, monkeypatch, micro: int) -> tuple[int, dict]:
+    """Calls that copy a tensor to the host (``item``, ``tolist``, ``float(t)``) during one ``update`` of a PPO
+    step (policy and critic, KL in the loss, entropy) whose 16 rows are one optimiser step of ``micro``-row
+    micro-batches; and the metrics it returns."""
+    import torch
+
+    from core.rollout import Sampling
+
+    cfg = compose_cfg(*BASE, "advantage=gae", "kl=k1", "train.prompts_per_step=4", "train.group_size=4",
+                      "train.mini_batch_size=16", f"train.micro_batch_size={micro}", f"paths.results_dir={tmp_path}")
+    run = rl.setup(cfg, run_dir=str(tmp_path / f"run{micro}"))
+    assert run.plan["grad_accum"] == 16 // micro
+    roll = run.rollout.generate([run.train_ids[i] for i in range(4) for _ in range(4)], Sampling.from_cfg(cfg.rollout))
+    fw = rl.rollout_forwards(run, roll)
+    adv = torch.randn(roll.response_mask.shape, generator=torch.Generator().manual_seed(0)) * roll.response_mask
+    calls = [0]
+    for name in ("item", "tolist", "__float__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, **k):
+            calls[0] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    metrics = rl.update(run, roll, roll.response_mask, adv, adv, fw)
+    monkeypatch.undo()
+    return calls[0], metrics
+
+
+def test_update_syncs_with_the_host_per_step_not_per_micro_batch(compose_cfg, tmp_path, monkeypatch):
+    """The micro-batches' loss and metrics stay on the device until the update ends (on a GPU each ``.item()``
+    waits for every queued kernel): 8 micro-batches copy to the host as often as 2 do, and the metrics are floats."""
+    few, metrics = _host_syncs_of_one_update(compose_cfg, tmp_path, monkeypatch, micro=8)
+    many, _ = _host_syncs_of_one_update(compose_cfg, tmp_path, monkeypatch, micro=2)
+    assert many == few, f"{few} host copies with 2 micro-batches, {many} with 8"
+    assert {"loss", "kl", "entropy", "clip_frac", "value/loss", "value/mean", "grad_norm"} <= set(metrics)
+    assert all(type(v) is float for v in metrics.values())
