@@ -123,7 +123,9 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     total_updates = int(cfg.train.total_steps) * plan["optimizer_steps_per_rl_step"]
     with model_init(cfg.zero, dtype):  # ZeRO-3: every weight partitioned as it loads
         policy = load_causal_lm(path, cfg.model)
+    with model_init(cfg.zero, dtype, reference=True):  # its own placement: zero.offload_reference
         ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
+    with model_init(cfg.zero, dtype):
         critic = load_critic(path, cfg.advantage.critic, cfg.model) if "critic" in cfg.advantage else None
     engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)
     if critic is not None:

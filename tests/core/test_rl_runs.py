@@ -218,3 +218,17 @@ def test_keep_best_saves_the_best_evaluated_policy_and_reports_it_beside_the_las
     (row,) = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
     assert (row["best_step"], row["eval_best"]) == best and row["eval_after"] == after_rl[-1][1]
     assert (tmp_path / "run" / "best" / "config.json").exists()
+
+
+def test_the_warm_start_trains_fp32_without_flash_attention():
+    """flash-attn runs in float16/bfloat16 only and the warm start trains float32: a flash-attention model is
+    warm-started with sdpa; eager and sdpa are kept, so the cached starts built with them stay valid."""
+    from core.config import schema
+    from core.config.frozen import freeze
+    from core.models.warm_start import warm_start_model_cfg
+
+    for attn, want in (("flash_attention_2", "sdpa"), ("flash_attention_3", "sdpa"), ("sdpa", "sdpa"),
+                       ("eager", "eager")):
+        model = freeze(schema.node(schema.ModelConfig, dtype="bfloat16", attn_implementation=attn))
+        got = warm_start_model_cfg(model)
+        assert (got.dtype, got.attn_implementation, got.arch) == ("float32", want, model.arch)
