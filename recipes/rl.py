@@ -125,7 +125,9 @@ def setup(cfg, run_dir: str | None = None) -> Run:
         # train mode: transformers checkpoints gradients only there, and from_pretrained returns eval mode; the
         # no-grad passes and generation switch to eval and back. The reference stays in eval (FrozenModel).
         policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
+    with model_init(cfg.zero, dtype, reference=True):  # its own placement: zero.offload_reference
         ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
+    with model_init(cfg.zero, dtype):
         critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model), cfg.train.disable_dropout)
                   if "critic" in cfg.advantage else None)
     engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)

@@ -50,14 +50,30 @@ def deepspeed_cpu_comm_op_built_once():
     """
     try:
         from deepspeed.comm.torch import build_shm_op
-        from torch.utils.cpp_extension import _get_build_directory
     except ImportError:  # deepspeed is a core dependency; without it the DeepSpeed tests fail on their own
         return
-    lock = Path(_get_build_directory("deepspeed_shm_comm", verbose=False)) / "lock"
+    _build_once("deepspeed_shm_comm", build_shm_op)
+
+
+@pytest.fixture(scope="session")
+def deepspeed_cpu_adam_built():
+    """DeepSpeed's CPU Adam op (``zero.offload_optimizer``), built here once for the tests that request it, for
+    the reason above: it compiles for about 1.5-2.5 min on 2 cores, longer than the shm op, in the first process
+    that builds a ``DeepSpeedCPUAdam``."""
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    _build_once("cpu_adam", lambda: CPUAdamBuilder().load())
+
+
+def _build_once(name: str, build) -> None:
+    """Run ``build`` (a torch JIT extension named ``name``) after removing its lock if a killed build left it."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
     if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
         warnings.warn(f"removing the stale torch extension lock {lock} (older than {STALE_LOCK_S} s)")
         lock.unlink(missing_ok=True)
     try:
-        build_shm_op()
+        build()
     except Exception as e:  # noqa: BLE001 (a failed build fails the DeepSpeed tests themselves, not every test)
-        warnings.warn(f"DeepSpeed's CPU shm comm op did not build: {type(e).__name__}: {e}")
+        warnings.warn(f"DeepSpeed's CPU op {name} did not build: {type(e).__name__}: {e}")

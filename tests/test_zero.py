@@ -90,7 +90,7 @@ def test_a_deepspeed_engine_reads_the_dtype_keys_and_trains_as_before(reference,
     are the single-process engine's, and DeepSpeed's own config object holds the two keys."""
     got = _run(tmp_path, 2, 1, DTYPES)
     assert got["deepspeed"] == {"grad_accum_dtype": "fp32", "communication_data_type": "torch.float32",
-                                "zero_grad_accum_dtype": "torch.float32"}
+                                "zero_grad_accum_dtype": "torch.float32", "offload_optimizer": None}
     assert len(got["params"]) == len(reference["params"]) == 6 * 16 + 16 + 16 + 1
     for a, b in zip(got["params"], reference["params"]):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
@@ -138,10 +138,15 @@ def test_a_step_before_its_micro_batches_is_refused():
 
 
 @pytest.mark.distributed
-def test_zero3_models_load_partitioned_and_the_sharded_reference_computes_the_same(tmp_path):
+@pytest.mark.parametrize("offload", [False, slow(True)])
+def test_zero3_models_load_partitioned_and_the_sharded_reference_computes_the_same(tmp_path, offload):
     """Under ZeRO-3 every rank loads only its shard (``HfDeepSpeedConfig``: zero.Init inside from_pretrained),
     the reference runs sharded (a DeepSpeed engine without optimiser) and gives the unsharded log-probs, and
-    a fresh critic head is initialised once and partitioned, equal to the unsharded initialisation."""
+    a fresh critic head is initialised once and partitioned, equal to the unsharded initialisation.
+
+    ``zero.offload_reference``: the reference's partitions were allocated in CPU memory by its own zero.Init
+    (the offload config's device name ``"cpu"``; without it, the rank's ``torch.device``). Before, the reference
+    was built under the policy's config and only its engine said cpu ("engine_offload"), too late to move it."""
     import torch
 
     from core.models.critic import load_critic
@@ -155,9 +160,14 @@ def test_zero3_models_load_partitioned_and_the_sharded_reference_computes_the_sa
     out = tmp_path / "zero3.json"
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-                           str(LOAD_WORKER), model_dir, str(out)], env=env, capture_output=True, text=True, timeout=300)
+                           str(LOAD_WORKER), model_dir, str(out), str(int(offload))], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(out.read_text())
+    if offload:
+        assert got["placement"] == {"remote": ["str:cpu"], "engine_offload": "cpu"}
+    else:
+        assert got["placement"] == {"remote": ["device:cpu"], "engine_offload": "None"}
     assert got["partitioned"] and got["local"] <= got["full"] // 2 + 64  # this rank's half (and padding)
     assert got["synced"]  # ungathered generation would run with synced_gpus
     ids, am = batch()
@@ -166,3 +176,94 @@ def test_zero3_models_load_partitioned_and_the_sharded_reference_computes_the_sa
     torch.testing.assert_close(torch.tensor(got["logprobs"])[keep], want[keep], atol=1e-5, rtol=1e-5)
     head = load_critic(model_dir, schema.node(schema.CriticConfig, head_seed=3), MODEL).score.weight
     assert got["head"] == head.detach().flatten().tolist()
+
+
+def test_the_reference_is_built_under_its_own_zero3_placement(monkeypatch):
+    """``model_init(..., reference=True)``: the ZeRO-3 config ``from_pretrained`` partitions the reference under
+    puts its parameters in CPU memory with ``zero.offload_reference`` (or ``zero.offload_param``), and the
+    policy's does not; DeepSpeed never moves a partition afterwards (the 2-rank check above)."""
+    import torch
+    from transformers.integrations.deepspeed import deepspeed_config
+
+    from core.training import engine
+
+    monkeypatch.setattr(engine, "_deepspeed_distributed", lambda: None)  # the config only: no process group
+    cpu = {"device": "cpu", "pin_memory": True}
+    for keys, policy, reference in (({}, None, None), ({"offload_reference": True}, None, cpu),
+                                    ({"offload_param": True}, cpu, cpu)):
+        zero = schema.node(schema.ZeroConfig, keys, stage=3)
+        for is_ref, want in ((False, policy), (True, reference)):
+            with engine.model_init(zero, torch.float32, reference=is_ref):
+                assert deepspeed_config()["zero_optimization"].get("offload_param") == want, (keys, is_ref)
+        assert deepspeed_config() is None
+
+
+def _optim(target: str, **keys):
+    return schema.node(schema.OptimConfig, {"optimizer": {"_target_": target, "_partial_": True, **keys}})
+
+
+@pytest.mark.parametrize("target", ["torch.optim.AdamW", "torch.optim.Adam"])
+def test_the_offloaded_optimiser_is_cpu_adam_stepping_as_the_configured_torch_one(deepspeed_cpu_adam_built, target):
+    """``zero.offload_optimizer`` steps with DeepSpeed's CPU Adam (a client torch optimiser is refused there):
+    its settings are ``optim.optimizer``'s, null keys the torch class's defaults (AdamW decays by 0.01, CPU
+    Adam by 0), adamw_mode as the class (decoupled decay or L2), and 5 steps move the weights as torch's do
+    (rtol 1e-5, atol 1e-7: both are fp32 evaluations of the same formula, a few ulps apart per step)."""
+    import torch
+
+    from core.training.engine import build_optimizer, cpu_adam
+
+    group = cpu_adam([torch.nn.Parameter(torch.zeros(2))], _optim(target, lr=1e-3)).param_groups[0]
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.999), 1e-8,
+                                                                     0.01 if target.endswith("AdamW") else 0.0)
+    optim = _optim(target, lr=1e-2, betas=[0.8, 0.95], eps=1e-6, weight_decay=0.1)
+    g = torch.Generator().manual_seed(0)
+    start, grads = torch.randn(64, generator=g), torch.randn(5, 64, generator=g)
+    moved = []
+    for build in (cpu_adam, build_optimizer):
+        p = torch.nn.Parameter(start.clone())
+        opt = build([p], optim)
+        for grad in grads:
+            p.grad = grad.clone()
+            opt.step()
+        moved.append(p.detach())
+    assert cpu_adam([p], optim).adam_w_mode == target.endswith("AdamW")
+    assert not torch.equal(moved[1], start)
+    torch.testing.assert_close(moved[0], moved[1], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [2, slow(3)])
+def test_zero_offload_trains_as_the_in_memory_optimiser(deepspeed_cpu_adam_built, reference, tmp_path, stage):
+    """ZeRO-Offload on 2 ranks (``deepspeed.initialize`` raised on it before: a client torch AdamW with
+    ``offload_optimizer``) takes the same 3 steps as the single-process torch engine, to the tolerance the
+    in-memory ZeRO runs meet (rel 1e-4, abs 1e-5), with DeepSpeed's CPU Adam stepping CPU-held state."""
+    got = _run(tmp_path, stage, 2, {"offload_optimizer": True})
+    assert got["deepspeed"]["offload_optimizer"] == {"device": "cpu", "optimizer": "DeepSpeedCPUAdam"}
+    assert len(got["params"]) == len(reference["params"])
+    for a, b in zip(got["params"], reference["params"]):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+    assert got["lrs"] == pytest.approx(reference["lrs"])
+    assert len(got["losses"]) == 3 and got["losses"][-1] < got["losses"][0]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("nproc", [1, slow(2)])
+def test_a_lora_reward_model_under_zero3_saves_the_merged_model_plain_torch_saves(tmp_path, nproc):
+    """LoRA under ZeRO-3: the merge runs on gathered weights (it failed on the empty partitions before) and the
+    saved folder holds the merged weights the single-process run saves (rel 1e-4, abs 1e-5, as the engines'
+    updates agree), no LoRA tensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.helpers import run_cli
+
+    saved = {}
+    for zero, n in (("none", 1), ("stage3", nproc)):
+        proc = run_cli(tmp_path / zero, "recipe=tiny_rm", f"zero={zero}", "train.max_steps=2", "train.lora.rank=4",
+                       "train.micro_batch_size=8", "train.eval_before=false", "train.eval_every=0",
+                       "logger.progress=false", "logger.tensorboard=false", nproc=n)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        saved[zero] = load_file(tmp_path / zero / "run" / "model" / "model.safetensors")
+    assert sorted(saved["stage3"]) == sorted(saved["none"]) and not any("lora" in k for k in saved["none"])
+    for name, want in saved["none"].items():
+        torch.testing.assert_close(saved["stage3"][name], want, rtol=1e-4, atol=1e-5, msg=name)

@@ -1,7 +1,8 @@
 """Worker for tests/test_zero.py: build a tiny policy, reference and critic under ZeRO-3 on this rank.
 
-Run as ``DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 tests/zero3_load_worker.py MODEL_DIR OUT``; rank 0
-writes what each model holds locally and the reference's log-probs of a fixed batch to OUT.
+Run as ``DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 tests/zero3_load_worker.py MODEL_DIR OUT [OFFLOAD]``;
+rank 0 writes what each model holds locally, where DeepSpeed placed the reference's partitions and the
+reference's log-probs of a fixed batch to OUT. OFFLOAD ``1``: ``zero.offload_reference=true``.
 """
 from __future__ import annotations
 
@@ -23,8 +24,26 @@ from core.training.engine import FrozenModel, model_init  # noqa: E402
 MODEL = schema.node(schema.ModelConfig, {"dtype": "float32", "attn_implementation": "sdpa"})
 # threshold 0: no parameter of the tiny model stays whole on every rank (DeepSpeed keeps those under 1e5
 # elements unpartitioned by default, which would be all of them)
-ZERO3 = schema.node(schema.ZeroConfig, {"stage": 3, "offload_reference": False,
-                          "options": {"stage3_param_persistence_threshold": 0}})
+def zero3(offload_reference: bool):
+    return schema.node(schema.ZeroConfig, {"stage": 3, "offload_reference": offload_reference,
+                                           "options": {"stage3_param_persistence_threshold": 0}})
+
+
+def placed_by(param):
+    """The ``zero.Init`` that partitioned ``param`` (its ``partition`` closure holds it): its ``remote_device``
+    is where the partition was allocated, and DeepSpeed keeps no other per-parameter record of that."""
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    return next(c.cell_contents for c in param.partition.__closure__ if isinstance(c.cell_contents, Init))
+
+
+def placement(model, frozen) -> dict:
+    """Where the reference's partitions live, by DeepSpeed's own state: the remote device of the zero.Init
+    that allocated them (the offload config's device name, ``"cpu"``, when offloaded; the rank's ``torch.device``
+    otherwise, which on CPU is also cpu, hence the type) and the offload device of its engine's parameter coordinator."""
+    inits = {placed_by(p) for p in model.parameters()}
+    return {"remote": sorted({f"{type(i.remote_device).__name__}:{i.remote_device}" for i in inits}),
+            "engine_offload": str(frozen._engine.optimizer.offload_device)}
 
 
 def batch():
@@ -36,15 +55,18 @@ def batch():
     return ids, am
 
 
-def main(model_dir: str, out: str) -> None:
+def main(model_dir: str, out: str, offload: bool) -> None:
     distributed.init(torch.device("cpu"))
-    with model_init(ZERO3, torch.float32):
+    zero = zero3(offload)
+    with model_init(zero, torch.float32, reference=True):  # as recipes/rl.py builds it
         ref = load_causal_lm(model_dir, MODEL)
+    with model_init(zero, torch.float32):
         critic = load_critic(model_dir, schema.node(schema.CriticConfig, head_seed=3), MODEL)
     params = list(ref.parameters())
     held = {"partitioned": all(hasattr(p, "ds_id") for p in params),
             "local": sum(p.ds_tensor.numel() for p in params), "full": sum(p.ds_numel for p in params)}
-    frozen = FrozenModel(ref, ZERO3, torch.device("cpu"))
+    frozen = FrozenModel(ref, zero, torch.device("cpu"))
+    held["placement"] = placement(ref, frozen)
     ids, am = batch()
     lp = chunked_logprobs(frozen.module, ids, am, 6, 1.0, 2, packing=False)
     import deepspeed
@@ -60,4 +82,4 @@ def main(model_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "1")

@@ -67,7 +67,10 @@ def main(stage: int, out: str, extra: dict) -> None:
             zero_accum = getattr(eng.engine.optimizer, "gradient_accumulation_dtype", None)  # ZeRO's optimisers
             result["deepspeed"] = {"grad_accum_dtype": ds.grad_accum_dtype,
                                    "communication_data_type": str(ds.communication_data_type),
-                                   "zero_grad_accum_dtype": str(zero_accum)}
+                                   "zero_grad_accum_dtype": str(zero_accum),
+                                   "offload_optimizer": {"device": str(ds.zero_config.offload_optimizer.device),
+                                                         "optimizer": type(eng.engine.basic_optimizer).__name__}
+                                   if ds.zero_config.offload_optimizer else None}
         json.dump(result, open(out, "w"))
     if dist.is_initialized():
         dist.barrier()

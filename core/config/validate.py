@@ -20,6 +20,7 @@ from core.config.scale import apply_scale, command_line_keys
 from core.config.checking import check_schema
 from core.errors import InputError
 from core.models.loading import model_source_problem
+from core.training.engine import CPU_ADAM_MODES
 from core.registry import Registry
 
 
@@ -44,7 +45,9 @@ def final_config(cfg, world: int | None = None, packages: bool = True):
     for key in ("offload_param", "offload_reference"):
         if zero[key] and int(zero.stage) != 3:
             errors.append(f"zero.{key}=true with zero.stage={zero.stage}: parameters are partitioned (and so "
-                          f"offloadable) under ZeRO-3 only; use zero=stage3 or zero.offload_optimizer")
+                          f"offloadable) under ZeRO-3 only; use zero=stage3, or zero.offload_optimizer=true (optimiser "
+                          f"state in CPU memory) with zero=stage1|stage2")
+    errors += _offload_problems(zero, cfg.optim.optimizer)
     for key in ("grad_accum_dtype", "communication_data_type"):
         if zero[key] is not None and int(zero.stage) == 0:
             errors.append(f"zero.{key}={zero[key]} with zero.stage=0: it is a DeepSpeed setting and stage 0 trains "
@@ -55,6 +58,10 @@ def final_config(cfg, world: int | None = None, packages: bool = True):
         if problem:
             errors.append(problem)
     errors += _optimizer_problems(cfg.optim.optimizer)
+    if cfg.model.attn_implementation.startswith("flash_attention") and cfg.model.dtype == "float32":
+        errors.append(f"model.attn_implementation={cfg.model.attn_implementation} with model.dtype=float32: "
+                      f"flash-attn runs in float16 or bfloat16 only; use model.dtype=bfloat16 or "
+                      f"model.attn_implementation=sdpa")
     if packages and cfg.model.attn_implementation.startswith("flash_attention") and not installed("flash_attn"):
         errors.append(f"model.attn_implementation={cfg.model.attn_implementation}: flash-attn is not installed here "
                       f"(pip install -e '.[gpu]' on a CUDA machine), or use model.attn_implementation=sdpa")
@@ -81,6 +88,21 @@ def _optimizer_problems(opt) -> list[str]:
     taken = [k for k, v in opt.items() if v is not None and not k.startswith("_") and k not in params]
     return [f"optim.optimizer.{k}={opt[k]!r}: {opt._target_} takes no {k!r} (it takes "
             f"{', '.join(p for p in params if p != 'params')}); set it to null" for k in taken]
+
+
+def _offload_problems(zero, opt) -> list[str]:
+    """``zero.offload_optimizer`` needs a DeepSpeed stage (the plain torch engine has nothing to offload) and an
+    optimiser DeepSpeed's CPU Adam computes (core/training/engine.py ``cpu_adam``)."""
+    if not zero.offload_optimizer:
+        return []
+    if int(zero.stage) == 0:
+        return [f"zero.offload_optimizer=true with zero.stage=0: ZeRO-Offload is a DeepSpeed setting and stage 0 "
+                f"trains with the plain torch engine; use zero=stage1|stage2|stage3 or zero.offload_optimizer=false"]
+    if opt._target_ not in CPU_ADAM_MODES:
+        return [f"zero.offload_optimizer=true with optim.optimizer._target_={opt._target_}: the offloaded optimiser "
+                f"steps with DeepSpeed's CPU Adam, which computes only {' or '.join(CPU_ADAM_MODES)}; use one of "
+                f"them or zero.offload_optimizer=false"]
+    return []
 
 
 def _unwritable(path: Path) -> str | None:

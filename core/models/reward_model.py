@@ -176,10 +176,16 @@ def reward_stats(rewards: torch.Tensor) -> dict:
 # ----------------------------------------------------------------------------- save / use
 def save_reward_model(engine, tokenizer, out_dir: Path, stats: dict) -> None:
     """A plain HF folder: LoRA merged into the base weights, reward mean/std in ``config.json``
-    (``mean``/``std``, OpenRLHF's names) and in ``reward_stats.json``."""
+    (``mean``/``std``, OpenRLHF's names) and in ``reward_stats.json``. Collective (every rank calls it).
+
+    Under ZeRO-3 each rank holds a slice of every weight and peft's merge needs whole ones: the merge runs on
+    gathered parameters and rank 0's merged weights are partitioned back (:func:`writable`), then saved
+    consolidated. (OpenRLHF's LoRA RM runs ZeRO-2 and merges after training, ``save_model``.)"""
     module = engine.module
     if hasattr(module, "merge_and_unload"):
-        engine.module = module = module.merge_and_unload()
+        with writable(module.parameters()):
+            merged = module.merge_and_unload()
+        engine.module = module = merged
     module.config.mean, module.config.std = stats["mean"], stats["std"]
     engine.save_pretrained(out_dir, tokenizer)
     (Path(out_dir) / "reward_stats.json").write_text(json.dumps(stats, indent=1))

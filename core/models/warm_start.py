@@ -63,6 +63,15 @@ def greedy_accuracy(model, tokenizer, prompts: list[list[int]], answers: list[st
     return sum(1 for r in verifier(texts, answer=answers) if r is not None and r > 0) / len(prompts)
 
 
+def warm_start_model_cfg(model_cfg) -> FrozenConfig:
+    """``model`` for the warm start's pass: float32 (plain AdamW on the weights), so flash attention, which runs
+    in float16/bfloat16 only, becomes sdpa; eager and sdpa are kept (the cached starts built with them stay
+    valid). The saved weights do not depend on the kernel's name: the RL run loads them with its own choice."""
+    attn = model_cfg.attn_implementation
+    return FrozenConfig({**model_cfg, "dtype": "float32",
+                         "attn_implementation": "sdpa" if attn.startswith("flash_attention") else attn})
+
+
 def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]], answers: list[str],
                      device: torch.device, verifier, max_new_tokens: int) -> Path:
     """Folder of ``base_dir`` after the warm start of ``ws_cfg`` (``train.warm_start``) on
@@ -81,7 +90,7 @@ def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]],
 
     def build(out: Path) -> None:
         tok = load_tokenizer(base_dir)
-        model = load_causal_lm(base_dir, FrozenConfig({**model_cfg, "dtype": "float32"})).to(device)  # fp32 AdamW
+        model = load_causal_lm(base_dir, warm_start_model_cfg(model_cfg)).to(device)
         eos = [tok.eos_token_id]
         pairs = [(p, tok(ws_cfg.target.format(answer=a), add_special_tokens=False)["input_ids"] + eos)
                  for p, a in zip(prompts[:-hold], answers[:-hold])]

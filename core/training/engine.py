@@ -23,8 +23,9 @@ The plain engine is DDP under data parallelism (bucketed all-reduce overlapped w
 the last micro-batch of each optimiser step only, as ``no_sync`` does) and keeps fp32 master weights
 for a bf16 model (:class:`MasterWeights`), as DeepSpeed's bf16 mode does: bf16 forward, backward and
 gradient accumulation, fp32 optimiser step. The reference policy is a :class:`FrozenModel`: on the
-device in its dtype, or under ZeRO-3 a DeepSpeed engine without optimiser that shards it (and can
-offload it), as TRL's ``prepare_deepspeed`` and OpenRLHF's reference model do. Under ZeRO-3 every model
+device in its dtype, or under ZeRO-3 a DeepSpeed engine without optimiser that shards it (built in a
+``model_init`` of its own, which can offload it), as TRL's ``prepare_deepspeed`` and OpenRLHF's reference
+model do. Under ZeRO-3 every model
 is built inside :func:`model_init` (``HfDeepSpeedConfig``: ``from_pretrained`` partitions each weight as
 it loads), so no rank ever holds a full copy.
 
@@ -77,6 +78,33 @@ def build_optimizer(params, optim_cfg):
     """Instantiate ``optim.optimizer`` (a ``_partial_`` ``_target_`` node) on ``params``; null keys are the
     optimiser's own defaults, so they are not passed."""
     return instantiate(optimizer_kwargs(optim_cfg.optimizer))(params)
+
+
+# The optim.optimizer targets DeepSpeed's CPU Adam computes exactly, and its adamw_mode for each: decoupled weight
+# decay (AdamW) or L2 added to the gradient (Adam), as in deepspeed/ops/csrc/includes/cpu_adam.h.
+CPU_ADAM_MODES = {"torch.optim.AdamW": True, "torch.optim.Adam": False}
+CPU_ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
+
+
+def cpu_adam(params, optim_cfg):
+    """``optim.optimizer`` as DeepSpeed's ``DeepSpeedCPUAdam``, the optimiser ZeRO-Offload steps on the CPU
+    (DeepSpeed refuses a client torch optimiser there: ``zero_force_ds_cpu_optimizer``). OpenRLHF builds it
+    under ``--adam_offload`` (openrlhf/utils/deepspeed/deepspeed.py ``create_optimizer``); Open-R1/TRL let
+    DeepSpeed build it (accelerate's plugin). A null key takes the torch optimiser's own default, not CPU Adam's
+    (torch's AdamW decays by 0.01, CPU Adam by 0), so the update is the one the config names; ``fused`` is a
+    kernel choice and has no CPU Adam counterpart. Targets outside :data:`CPU_ADAM_MODES` are refused in
+    core/config/validate.py."""
+    import inspect
+
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from hydra.utils import get_class
+
+    given, target = optimizer_kwargs(optim_cfg.optimizer), optim_cfg.optimizer._target_
+    defaults = {k: p.default for k, p in inspect.signature(get_class(target)).parameters.items()}
+    settings = {k: given.get(k, defaults[k]) for k in CPU_ADAM_KEYS}
+    return DeepSpeedCPUAdam(params, lr=float(settings["lr"]), betas=tuple(settings["betas"]),
+                            eps=float(settings["eps"]), weight_decay=float(settings["weight_decay"]),
+                            adamw_mode=CPU_ADAM_MODES[target])
 
 
 def optimizer_kwargs(node) -> dict:
@@ -284,11 +312,32 @@ def _deepspeed_distributed() -> None:
                                os.environ.get("DS_ACCELERATOR") != "cpu" else "gloo")
 
 
+def zero3_section(zero_cfg, offload: bool) -> dict:
+    """The ``zero_optimization`` section of a ZeRO-3 model: ``zero.options`` and, with ``offload``, parameter
+    partitions in (pinned) CPU memory."""
+    zero = {"stage": 3, **dict(zero_cfg.options)}
+    if offload:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return zero
+
+
+def offloads_reference(zero_cfg) -> bool:
+    """The reference's partitions live in CPU memory: ``zero.offload_reference`` (OpenRLHF's
+    ``--ref_reward_offload``), or ``zero.offload_param``, which puts every model's there (TRL's
+    ``prepare_deepspeed`` gives the reference the policy's DeepSpeed config)."""
+    return bool(zero_cfg.offload_reference or zero_cfg.offload_param)
+
+
 @contextlib.contextmanager
-def model_init(zero_cfg, dtype: torch.dtype):
+def model_init(zero_cfg, dtype: torch.dtype, reference: bool = False):
     """Build models inside this context. Under ZeRO-3 it is transformers' ``HfDeepSpeedConfig`` route:
     ``from_pretrained`` runs under ``deepspeed.zero.Init``, which partitions each weight as it loads, so no
-    rank materialises the whole model (a 70B model is ~140 GB in bf16). Elsewhere it does nothing."""
+    rank materialises the whole model (a 70B model is ~140 GB in bf16). Elsewhere it does nothing.
+
+    zero.Init places each partition once, where its config says (``offload_param``), and DeepSpeed never moves
+    a partitioned parameter again: a later ``deepspeed.initialize`` with ``offload_param`` leaves it where it is
+    (partition_parameters.py ``_partition_param`` allocates ``ds_tensor`` only when it is None). So the
+    reference policy is built in a context of its own (``reference``), placed by :func:`offloads_reference`."""
     if int(zero_cfg.stage) != 3:
         yield
         return
@@ -296,10 +345,9 @@ def model_init(zero_cfg, dtype: torch.dtype):
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     _deepspeed_distributed()
-    zero = {"stage": 3, **dict(zero_cfg.options)}
-    if zero_cfg.offload_param:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    keep = HfDeepSpeedConfig({"zero_optimization": zero, "bf16": {"enabled": dtype == torch.bfloat16},
+    offload = offloads_reference(zero_cfg) if reference else bool(zero_cfg.offload_param)
+    keep = HfDeepSpeedConfig({"zero_optimization": zero3_section(zero_cfg, offload),
+                              "bf16": {"enabled": dtype == torch.bfloat16},
                               "train_micro_batch_size_per_gpu": 1})  # noqa: F841 (transformers holds a weakref)
     try:
         yield
@@ -323,7 +371,8 @@ def writable(params):
 
 class DeepSpeedEngine:
     """DeepSpeed ZeRO behind the :class:`TorchEngine` calls (``zero.stage`` 1, 2 or 3). bf16 when the model
-    is (``bf16.enabled``: fp32 master weights in DeepSpeed's optimiser)."""
+    is (``bf16.enabled``: fp32 master weights in DeepSpeed's optimiser). ``zero.offload_optimizer``: the fp32
+    master weights and Adam's moments live in CPU memory and :func:`cpu_adam` steps them there (ZeRO-Offload)."""
 
     def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int, zero_cfg, micro_batch: int):
         import deepspeed
@@ -331,7 +380,7 @@ class DeepSpeedEngine:
         _deepspeed_distributed()
         params = [p for p in model.parameters() if p.requires_grad]
         bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
-        optimizer = build_optimizer(params, optim_cfg)
+        optimizer = cpu_adam(params, optim_cfg) if zero_cfg.offload_optimizer else build_optimizer(params, optim_cfg)
         scheduler = build_scheduler(optimizer, optim_cfg.scheduler, total_steps)
         ds_cfg = deepspeed_config(zero_cfg, optim_cfg, micro_batch, grad_accum, bf16)
         self.grad_accum, self._micro = grad_accum, 0
@@ -431,9 +480,10 @@ def _zero3_gathered(engine):
 
 class FrozenModel:
     """A model that is only evaluated (the reference policy): eval mode, no gradients, on the device. Under
-    ZeRO-3 a DeepSpeed engine without optimiser shards it across ranks (``zero.offload_reference``: its
-    partitions live in CPU memory), TRL's ``prepare_deepspeed``; under stages 0-2 each rank holds it whole,
-    as TRL does (ZeRO-1/2 shard optimiser state and gradients, which a frozen model has none of).
+    ZeRO-3 a DeepSpeed engine without optimiser shards it across ranks, TRL's ``prepare_deepspeed`` (build it
+    inside ``model_init(..., reference=True)``, which places its partitions: :func:`offloads_reference`);
+    under stages 0-2 each rank holds it whole, as TRL does (ZeRO-1/2 shard optimiser state and gradients,
+    which a frozen model has none of).
     ``.module`` is called like any model; under ZeRO-3 its hooks gather each layer as it runs, so every
     rank must run the same number of forwards (equal row counts per rank give that)."""
 
@@ -445,13 +495,10 @@ class FrozenModel:
             import deepspeed
 
             _deepspeed_distributed()
-            zero = {"stage": 3, **dict(zero_cfg.options)}
-            if zero_cfg.offload_reference:
-                zero["offload_param"] = {"device": "cpu", "pin_memory": True}
             bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
             self._engine, *_ = deepspeed.initialize(model=model, config={
-                "zero_optimization": zero, "bf16": {"enabled": bf16}, "train_micro_batch_size_per_gpu": 1,
-                "steps_per_print": 10**9})
+                "zero_optimization": zero3_section(zero_cfg, offloads_reference(zero_cfg)),
+                "bf16": {"enabled": bf16}, "train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**9})
             model = self._engine.module
         self.module = model.to(device) if self._engine is None else model
         self.module.eval()

@@ -54,6 +54,13 @@ RL_CASES = [
     (["model.name_or_path=/nonexistent"], "model.name_or_path=/nonexistent: no such local directory"),
     (["zero=stage2", "zero.offload_param=true"], "zero.offload_param=true with zero.stage=2"),
     (["zero=stage1", "zero.offload_reference=true"], "zero.offload_reference=true with zero.stage=1"),
+    (["zero.offload_optimizer=true"], "zero.offload_optimizer=true with zero.stage=0: ZeRO-Offload is a DeepSpeed"),
+    (["zero=stage2", "zero.offload_optimizer=true", "optim.optimizer._target_=torch.optim.RMSprop"],
+     "zero.offload_optimizer=true with optim.optimizer._target_=torch.optim.RMSprop: the offloaded optimiser "
+     "steps with DeepSpeed's CPU Adam, which computes only torch.optim.AdamW or torch.optim.Adam"),
+    (["model.attn_implementation=flash_attention_2", "model.dtype=float32"],
+     "model.attn_implementation=flash_attention_2 with model.dtype=float32: flash-attn runs in float16 or "
+     "bfloat16 only; use model.dtype=bfloat16 or model.attn_implementation=sdpa"),
     (["resume=maybe"], "resume='maybe': expected one of ['auto', True, False]"),
     (["cpu_threads=-1"], "cpu_threads=-1: expected a number >= 0"),
     (["advantage=gae", "advantage.critic.lr=0"], "advantage.critic.lr=0.0: expected a number > 0"),

@@ -272,3 +272,17 @@ def test_update_syncs_with_the_host_per_step_not_per_micro_batch(compose_cfg, tm
     assert many == few, f"{few} host copies with 2 micro-batches, {many} with 8"
     assert {"loss", "kl", "entropy", "clip_frac", "value/loss", "value/mean", "grad_norm"} <= set(metrics)
     assert all(type(v) is float for v in metrics.values())
+
+
+def test_the_warm_start_trains_fp32_without_flash_attention():
+    """flash-attn runs in float16/bfloat16 only and the warm start trains float32: a flash-attention model is
+    warm-started with sdpa; eager and sdpa are kept, so the cached starts built with them stay valid."""
+    from core.config import schema
+    from core.config.frozen import freeze
+    from core.models.warm_start import warm_start_model_cfg
+
+    for attn, want in (("flash_attention_2", "sdpa"), ("flash_attention_3", "sdpa"), ("sdpa", "sdpa"),
+                       ("eager", "eager")):
+        model = freeze(schema.node(schema.ModelConfig, dtype="bfloat16", attn_implementation=attn))
+        got = warm_start_model_cfg(model)
+        assert (got.dtype, got.attn_implementation, got.arch) == ("float32", want, model.arch)
