@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from core.registry import Registry
+from core.training import distributed
 from core.training.device import DTYPES
 from core.training.engine import writable
 from core.config.scale import SHRINKERS
@@ -187,8 +188,9 @@ def save_reward_model(engine, tokenizer, out_dir: Path, stats: dict) -> None:
     if hasattr(module, "merge_and_unload"):
         engine.module = module = module.merge_and_unload()
     module.config.mean, module.config.std = stats["mean"], stats["std"]
-    engine.save_pretrained(out_dir, tokenizer)
-    (Path(out_dir) / "reward_stats.json").write_text(json.dumps(stats, indent=1))
+    engine.save_pretrained(out_dir, tokenizer)  # collective: ZeRO-3 gathers, rank 0 writes
+    if distributed.is_main():
+        (Path(out_dir) / "reward_stats.json").write_text(json.dumps(stats, indent=1))
 
 
 @torch.no_grad()
