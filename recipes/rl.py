@@ -423,14 +423,16 @@ def engines_step(run: Run) -> dict:
 def evaluate(run: Run) -> float:
     """Greedy accuracy on the held-out prompts (``train.eval_prompts`` of them; 0 = all), each rank
     scoring its share; correct and scored counts are summed over ranks."""
-    n = int(run.cfg.train.eval_prompts) or len(run.eval_rows)
-    share = slice(distributed.rank(), n, distributed.world())
+    n, world = int(run.cfg.train.eval_prompts) or len(run.eval_rows), distributed.world()
+    share = slice(distributed.rank(), n, world)
     rows, ids = run.eval_rows[:n][share], run.eval_ids[:n][share]
     counts = torch.zeros(2, dtype=torch.float64)  # [correct, scored]
     run.gen.push(run.engine, run.step)  # settles a generation in flight first; collective under ZeRO-3
     with run.engine.gathered(run.rollout.gathers_policy):  # collective under ZeRO-3: every rank enters, rows or not
-        if rows or run.rollout.collective:  # a rank with no rows decodes a stand-in prompt alongside the others
-            roll = run.rollout.generate(ids or run.eval_ids[:1], Sampling.from_cfg(run.cfg.rollout, greedy=True))
+        if run.rollout.collective:  # as many prompts as every other rank (so as many synced generate chunks):
+            ids = ids + run.eval_ids[:1] * (-(-n // world) - len(ids))  # stand-ins fill a short share, then go
+        if ids:
+            roll = run.rollout.generate(ids, Sampling.from_cfg(run.cfg.rollout, greedy=True)).head(len(rows))
         if rows:
             scores, valid, _ = score(run, roll, rows, evaluation=True)
             counts += torch.tensor([float(((scores > 0) & valid).sum()), float(valid.sum())], dtype=torch.float64)

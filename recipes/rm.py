@@ -5,6 +5,10 @@ One optimiser step takes ``train.batch_size`` pairs, split into micro-batches of
 forward pass, reads the scalar head at each sequence's last real token and adds
 ``-log sigmoid(r_c - r_r - margin)``. Held-out pairs are scored before, every ``eval_every`` steps
 and after training; the final eval rewards' mean/std are saved with the model so RL can normalise.
+
+Data parallel under ``torchrun`` as the RL loop (``recipes/rl.py``): each rank takes its share of a step's pairs,
+gradients and the logged step metrics are averaged over ranks, every rank scores all held-out pairs (so the
+evaluation equals one process's); rank 0 decides the run dir and alone writes config, records, row and summary.
 """
 from __future__ import annotations
 
@@ -74,12 +78,13 @@ def setup(cfg) -> Run:
     plan_batches(cfg.train, len(train_rows))
     if int(cfg.train.lora.rank) > 0:
         RM.check_lora_targets(cfg.train.lora, RM.model_skeleton(cfg.model))  # meta device, no weights
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir = Path(distributed.broadcast_object(str(HydraConfig.get().runtime.output_dir)))  # rank 0's
     prior = prior_run(run_dir, cfg.resume)  # before any model: what the dir holds must fit `resume`
     if prior.checkpoint is not None:
         check_resume_config(run_dir, cfg)
-    else:
+    elif distributed.is_main():
         write_config(run_dir, cfg)
+    distributed.barrier()  # the config is written before any rank reads the dir again
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     tokenizer.padding_side = cfg.train.padding_side
@@ -93,7 +98,8 @@ def setup(cfg) -> Run:
                                 int(cfg.train.micro_batch_size), device)
     run = Run(cfg, run_dir, plan, train_pairs, eval_pairs, stats, tokenizer, device, engine,
               PromptSampler(len(train_pairs), int(cfg.train.batch_size), int(cfg.seed)),
-              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), wandb=cfg.logger.wandb, config=cfg))
+              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main(),
+                            wandb=cfg.logger.wandb, config=cfg))
     if prior.checkpoint is not None:
         _resume(run, prior.checkpoint)
     else:
@@ -135,7 +141,8 @@ def _resume(run: Run, ckpt: Path) -> None:
     run.writer.rewind(state["metrics_rows"])
     if run.cfg.resume_allow_changes:  # the config's optimiser values, not the checkpoint's
         run.engine.retune(run.cfg.optim.optimizer)
-    write_config(run.run_dir, run.cfg)
+    if distributed.is_main():
+        write_config(run.run_dir, run.cfg)
 
 
 def train(run: Run) -> None:
@@ -146,8 +153,8 @@ def train(run: Run) -> None:
         run.writer.log(0, run.history["eval_before"])
     start = time.perf_counter()
     total = run.plan["total_steps"]
-    bar = tqdm(total=total, initial=run.step, desc=run.cfg.recipe_name, disable=not run.cfg.logger.progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=total, initial=run.step, desc=run.cfg.recipe_name,
+               disable=not (run.cfg.logger.progress and distributed.is_main()), dynamic_ncols=True)
     while run.step < total:
         metrics = rm_step(run)
         run.step += 1
@@ -191,12 +198,14 @@ def rm_step(run: Run) -> dict:
             for k, v in {**m, "loss": loss.detach()}.items():
                 sums[k] = sums.get(k, 0.0) + v.double() / accum
         sums = {**to_floats(sums), **engine.step()}
-    return {**sums, **timer.pop(), "memory/peak_mb": peak_memory_mb()}
+    # this rank's pairs' loss and accuracy: the step's are the mean over ranks (equal shares)
+    return {**distributed.mean_metrics({**sums, **timer.pop()}), "memory/peak_mb": peak_memory_mb()}
 
 
 @torch.no_grad()
 def evaluate(run: Run, keep_rewards: bool = False) -> dict:
-    """Held-out pair accuracy, loss, margin and reward mean/std over ``eval_pairs``."""
+    """Held-out pair accuracy, loss, margin and reward mean/std over ``eval_pairs``, all of them on every rank:
+    the numbers of one process, and under ZeRO-3 every rank runs the same forwards (each gathers layers)."""
     if not run.eval_pairs:
         return {}
     t, rc, rr, margins, model = run.cfg.train, [], [], [], run.engine.module
@@ -225,6 +234,8 @@ def save(run: Run) -> float:
         RM.save_reward_model(run.engine, run.tokenizer, tmp, h["eval_after"].get("rewards", {"mean": 0.0, "std": 1.0}))
     run.writer.close()
     after, before = h["eval_after"], h["eval_before"]
+    if not distributed.is_main():
+        return float(after.get("eval/accuracy") or 0.0)
     row = {
         "recipe": cfg.recipe_name, "loop": "rm", "run_dir": str(run.run_dir), "seed": int(cfg.seed),
         "steps": run.step, "scale": cfg.scale.name, "eval_before": before.get("eval/accuracy"),

@@ -54,13 +54,19 @@ FAST = ["logger.progress=false", "logger.tensorboard=false", "train.total_steps=
         "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64"]
 
 
+def torchrun(nproc: int) -> list[str]:
+    """``torchrun`` with ``nproc`` ranks on this machine, on a free port, and, like a plain ``torchrun``, no run id
+    shared by the ranks (``--standalone`` would give them one); the program and its arguments follow."""
+    return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
+            "--nnodes=1", f"--nproc_per_node={nproc}"]
+
+
 def cli_command(tmp: Path, *overrides: str, multirun: bool = False, nproc: int = 1, default_dirs: bool = False):
     """The ``python -m recipes.run`` command line with outputs under ``tmp`` (run dir, results table; with
     ``default_dirs`` the run or sweep dir is the config's own, below ``tmp/results``); ``nproc > 1``
-    launches it with ``torchrun --standalone`` (CPU ranks over gloo)."""
+    launches it with :func:`torchrun` (CPU ranks over gloo)."""
     dirs = [] if default_dirs else [f"hydra.sweep.dir={tmp}/sweep"] if multirun else [f"hydra.run.dir={tmp}/run"]
-    launch = [sys.executable, "-m", "recipes.run"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "recipes.run"]
+    launch = [sys.executable, "-m", "recipes.run"] if nproc == 1 else [*torchrun(nproc), "-m", "recipes.run"]
     return [*launch, *(["-m"] if multirun else []), *dirs, f"paths.results_dir={tmp}/results", *overrides]
 
 
@@ -69,9 +75,23 @@ CLI_ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HYDRA_FULL_ERROR": "0"}
 
 def run_cli(tmp: Path, *overrides: str, multirun: bool = False, timeout: int = 300, nproc: int = 1,
             default_dirs: bool = False) -> subprocess.CompletedProcess:
-    """Run :func:`cli_command` to its end."""
+    """Run :func:`cli_command` to its end; past ``timeout`` seconds it is killed with every process below it
+    (torchrun starts each rank in a session of its own: a rank hung in a collective must not outlive the test)
+    and :class:`subprocess.TimeoutExpired` raised."""
+    import psutil
+
     cmd = cli_command(tmp, *overrides, multirun=multirun, nproc=nproc, default_dirs=default_dirs)
-    return subprocess.run(cmd, cwd=PROJECT_ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=CLI_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+            proc.communicate()  # the pipes close once every holder is gone
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def results(tmp: Path) -> list[dict]:

@@ -3,11 +3,15 @@ ranks trains the same model as one process, with the plain torch engine (DDP) an
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.helpers import results, run_cli, slow
+from core.paths import PROJECT_ROOT
+from tests.helpers import CLI_ENV, results, run_cli, slow, torchrun
 
 # Greedy rollouts make the completions independent of each rank's sampling RNG; a reward of the gold answer
 # alone makes rewards differ across the batch on any machine (so the gradient is not zero by accident of
@@ -18,8 +22,8 @@ SAME = ["scale=tiny", "logger.progress=false", "logger.tensorboard=false", "trai
         "kl=k1", "rollout.greedy=true", "loss.aggregation=token_mean_global"]
 
 
-def _run(tmp: Path, nproc: int, *overrides: str):
-    proc = run_cli(tmp, *overrides, nproc=nproc)
+def _run(tmp: Path, nproc: int, *overrides: str, timeout: int = 300):
+    proc = run_cli(tmp, *overrides, nproc=nproc, timeout=timeout)  # a hung collective: TimeoutExpired, ranks killed
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
@@ -104,3 +108,131 @@ def test_two_rank_run_killed_after_a_checkpoint_resumes(tmp_path):
     assert json.loads((ckpt / "trainer.json").read_text())["step"] == 3
     assert [r["step"] for r in _rows(tmp_path) if "loss" in r] == [1, 2, 3]
     assert len(results(tmp_path)) == 1
+
+
+# Each rank composes the run config as recipes.run does; rank 1 a second later, so their clocks name other seconds.
+RESOLVE_RUN_DIR = """
+import os, time
+from hydra.core.hydra_config import HydraConfig
+from core.config.composition import compose
+time.sleep(1.1 * int(os.environ["RANK"]))
+compose(["recipe=tiny_rm"], with_hydra=True)
+print("run dir", HydraConfig.get().run.dir, flush=True)
+"""
+
+
+@pytest.mark.distributed
+def test_the_ranks_of_a_plain_torchrun_resolve_one_run_dir():
+    """Hydra's run dir (launch time and id) is rank 0's on every rank: a plain torchrun gives the ranks no shared id
+    and they start apart."""
+    proc = subprocess.run([*torchrun(2), "--no-python", sys.executable, "-c", RESOLVE_RUN_DIR], cwd=PROJECT_ROOT,
+                          env=CLI_ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dirs = [line for line in proc.stdout.splitlines() if line.startswith("run dir")]
+    assert len(dirs) == 2 and dirs[0] == dirs[1], dirs
+
+
+# Rank 1 builds a tiny model's cache entry first (rank 0 waits), then rank 0 loads what it built.
+BUILD_ON_RANK_1 = """
+import os, sys, torch.distributed as dist
+os.environ["RLR_CACHE_DIR"] = sys.argv[1]
+dist.init_process_group("gloo")
+from core.models.loading import build_tiny_model_dir
+from transformers import AutoModelForCausalLM
+tiny = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "max_position_embeddings": 64}
+if dist.get_rank() == 1:
+    build_tiny_model_dir("qwen2", tiny, 0)
+dist.barrier()
+AutoModelForCausalLM.from_pretrained(build_tiny_model_dir("qwen2", tiny, 0))
+print("loaded", flush=True)
+"""
+
+
+@pytest.mark.distributed
+def test_a_tiny_model_built_by_rank_1_holds_its_weights(tmp_path):
+    """transformers 5 saves from rank 0 alone under a process group; a cache entry is built by whichever rank takes
+    its lock (core/models/loading.py)."""
+    proc = subprocess.run([*torchrun(2), "--no-python", sys.executable, "-c", BUILD_ON_RANK_1, str(tmp_path)],
+                          cwd=PROJECT_ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("loaded") == 2, proc.stderr[-3000:]
+
+
+RM = ["recipe=tiny_rm", "scale=tiny", "logger.progress=false", "logger.tensorboard=false"]
+
+
+@pytest.mark.slow  # 60-140 s
+@pytest.mark.distributed
+def test_rm_two_ranks_write_one_run_like_one_process(tmp_path):
+    """The RM loop at 2 ranks: one run dir (Hydra's own, which the ranks resolve apart: a plain torchrun shares no
+    run id), one metrics row per step, one results row, one summary, and the evaluation of one process."""
+    _run(tmp_path / "one", 1, *RM)
+    proc = run_cli(tmp_path / "two", *RM, nproc=2, default_dirs=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    dirs = list((tmp_path / "two" / "results" / "runs" / "tiny_rm").iterdir())
+    assert len(dirs) == 1, dirs
+    rows = [json.loads(line) for line in (dirs[0] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "grad_norm" in r] == [1, 2, 3, 4]
+    (got,), (want,) = results(tmp_path / "two"), results(tmp_path / "one")
+    assert json.loads((dirs[0] / "summary.json").read_text())["run_dir"] == got["run_dir"] == str(dirs[0])
+    assert got["eval_before"] == want["eval_before"]
+    for key in ("eval_after", "reward_mean", "reward_std"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+
+
+# 3 held-out prompts generated one at a time on partitioned ZeRO-3 weights: rank 0 holds 2, rank 1 one, and each
+# chunk is a synced generate whose layer gathers every rank must join.
+UNEVEN_EVAL = [*SAME[:3], "train.eval_prompts=3", *SAME[4:], "rollout.generation_batch_size=1", "train.total_steps=1"]
+
+
+class _ChunkedCollective:
+    """A collective rollout generating one prompt per collective call (``hf`` on partitioned ZeRO-3 weights with
+    ``rollout.generation_batch_size=1``): records the prompts it got; completion ``[9]``."""
+
+    collective, gathers_policy = True, False
+
+    def __init__(self):
+        self.prompts = []
+
+    def generate(self, prompts, sampling):
+        from core.rollout.batch import from_token_lists
+
+        self.prompts = prompts
+        return from_token_lists(prompts, [[9]] * len(prompts), [[0.0]] * len(prompts), [1], 0)
+
+
+@pytest.mark.parametrize("rank,ids,scored", [(0, [[10], [12]], [[10], [12]]), (1, [[11], [10]], [[11]])])
+def test_every_rank_generates_as_many_eval_prompts_when_generate_is_collective(monkeypatch, rank, ids, scored):
+    """3 held-out prompts on 2 ranks: rank 1's single prompt is joined by a stand-in (the first prompt), so both
+    ranks run 2 collective chunks; only its own completion is scored."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from core.config import schema
+    from recipes import rl
+    from core.training import distributed
+
+    monkeypatch.setattr(distributed, "world", lambda: 2)
+    monkeypatch.setattr(distributed, "rank", lambda: rank)
+    monkeypatch.setattr(distributed, "all_sum", lambda x: x)
+    seen = []
+    monkeypatch.setattr(rl, "score", lambda run, roll, rows, evaluation: seen.append(roll.input_ids[:, :1].tolist())
+                        or (torch.ones(len(rows)), torch.ones(len(rows), dtype=torch.bool), None))
+    rollout = _ChunkedCollective()
+    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(eval_prompts=0), rollout=schema.node(
+        schema.RolloutConfig)), eval_rows=[{"i": i} for i in range(3)], eval_ids=[[10], [11], [12]], step=0,
+        gen=SimpleNamespace(push=lambda *a: None), engine=SimpleNamespace(gathered=lambda on: nullcontext()),
+        rollout=rollout)
+    assert rl.evaluate(run) == 1.0
+    assert rollout.prompts == ids and seen == [scored]
+
+
+@pytest.mark.slow  # 40-70 s
+@pytest.mark.distributed
+def test_two_ranks_evaluate_uneven_shares_on_partitioned_zero3(tmp_path):
+    """Every rank runs as many synced generate chunks as the others (a short share is filled with stand-ins, their
+    completions dropped), so the evaluation ends, with the accuracy of one process."""
+    _run(tmp_path / "one", 1, *UNEVEN_EVAL)
+    _run(tmp_path / "two", 2, *UNEVEN_EVAL, *STAGE3.split(), "rollout.gather_for_generation=false", timeout=180)
+    want, got = ([r["eval/accuracy"] for r in _rows(tmp_path / d) if "eval/accuracy" in r] for d in ("one", "two"))
+    assert len(got) == 2 and got == want

@@ -32,13 +32,18 @@ SBATCH = PROJECT_ROOT / "launch" / "slurm.sbatch"
 SITE = ["hydra.launcher.partition=gpu", "hydra.launcher.account=rl"]
 # Test doubles for the Slurm and network commands launch/slurm.sbatch calls: srun records each job step (a
 # server step stays up for STUB_SERVE_SECONDS) and, with STUB_RUN, runs its command once per task on this
-# machine; scontrol lists STUB_HOSTS; curl answers STUB_CURL_RC.
+# machine, as on the first node of --nodelist (SLURMD_NODENAME); scontrol lists STUB_HOSTS; curl answers
+# STUB_CURL_RC; getent resolves gpu-a and gpu-b to 10.0.0.1 and 10.0.0.2, and no other name.
 SRUN = """#!/bin/bash
 printf "%s\\n" "$*" >> "$STUB_LOG"
 [[ "$*" == *" serve "* ]] && exec sleep "${STUB_SERVE_SECONDS:-0}"
 [[ -z "${STUB_RUN:-}" ]] && exit 0
 n=1
-while [[ "$1" == --* ]]; do [[ "$1" == --ntasks=* ]] && n=${1#--ntasks=}; shift; done
+while [[ "$1" == --* ]]; do
+  [[ "$1" == --ntasks=* ]] && n=${1#--ntasks=}
+  [[ "$1" == --nodelist=* ]] && nodes=${1#--nodelist=} && export SLURMD_NODENAME=${nodes%%,*}
+  shift
+done
 for ((i = 0; i < n; i++)); do "$@" & done
 for ((i = 0; i < n; i++)); do wait -n || exit 1; done
 """
@@ -46,6 +51,8 @@ STUBS = {
     "srun": SRUN,
     "scontrol": '#!/bin/bash\nprintf "%s\\n" $STUB_HOSTS\n',
     "curl": '#!/bin/bash\nexit "${STUB_CURL_RC:-0}"\n',
+    "getent": '#!/bin/bash\ncase "$2" in gpu-a) ip=10.0.0.1 ;; gpu-b) ip=10.0.0.2 ;; *) exit 2 ;; esac\n'
+              'echo "$ip STREAM $2"; echo "$ip DGRAM"\n',
 }
 
 
@@ -280,11 +287,13 @@ def test_the_sbatch_script_starts_the_server_and_splits_a_shared_node(tmp_path, 
     steps = _steps(tmp_path)  # the server's line may come second: its srun runs in the background
     (server,), (learners,) = [s for s in steps if " serve " in s], [s for s in steps if "torchrun" in s]
     assert server == ("--nodes=1 --ntasks=1 --nodelist=gpu-a --overlap env CUDA_VISIBLE_DEVICES=7 "
-                      "VLLM_SERVER_DEV_MODE=1 ./vllm serve Qwen/Qwen2.5-Math-7B --port 8000 --tensor-parallel-size 1 " +
+                      "VLLM_SERVER_DEV_MODE=1 VLLM_HOST_IP=10.0.0.1 ./vllm serve Qwen/Qwen2.5-Math-7B --port 8000 "
+                      "--tensor-parallel-size 1 " +
                       SERVE.replace("'", ""))  # srun's log joins the arguments: the JSON is one of them
     assert learners.startswith("--nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=gpu-a --kill-on-bad-exit=1 "
-                               "--overlap env CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 ./torchrun --nnodes=1 "
-                               "--nproc_per_node=7 --rdzv_backend=c10d --rdzv_endpoint=gpu-a:29500")
+                               "--overlap bash -c ")  # VLLM_HOST_IP set in the task (below)
+    assert ("host_ip env CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 ./torchrun --nnodes=1 --nproc_per_node=7 "
+            "--rdzv_backend=c10d --rdzv_endpoint=gpu-a:29500") in learners
     assert learners.endswith("-m recipes.run layout=dedicated hydra.run.dir=/runs/x rollout.server.hosts=[gpu-a]")
 
 
@@ -295,12 +304,15 @@ def test_the_sbatch_script_starts_one_server_per_engine_on_the_rollout_node(tmp_
     steps = _steps(tmp_path)
     servers, (learners,) = sorted(s for s in steps if " serve " in s), [s for s in steps if "torchrun" in s]
     assert [s.split(" ./vllm")[0] for s in servers] == [
-        "--nodes=1 --ntasks=1 --nodelist=gpu-b --overlap env CUDA_VISIBLE_DEVICES=0,1,2,3 VLLM_SERVER_DEV_MODE=1",
-        "--nodes=1 --ntasks=1 --nodelist=gpu-b --overlap env CUDA_VISIBLE_DEVICES=4,5,6,7 VLLM_SERVER_DEV_MODE=1"]
+        "--nodes=1 --ntasks=1 --nodelist=gpu-b --overlap env CUDA_VISIBLE_DEVICES=0,1,2,3 VLLM_SERVER_DEV_MODE=1 "
+        "VLLM_HOST_IP=10.0.0.2",
+        "--nodes=1 --ntasks=1 --nodelist=gpu-b --overlap env CUDA_VISIBLE_DEVICES=4,5,6,7 VLLM_SERVER_DEV_MODE=1 "
+        "VLLM_HOST_IP=10.0.0.2"]
     assert "--port 8000 --tensor-parallel-size 4" in servers[0]
     assert "--port 8001 --tensor-parallel-size 4" in servers[1]
     assert learners.startswith("--nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=gpu-a --kill-on-bad-exit=1 "
-                               "./torchrun --nnodes=1 --nproc_per_node=8")  # a node of its own: no --overlap
+                               "bash -c ")  # a node of its own: no --overlap
+    assert "host_ip ./torchrun --nnodes=1 --nproc_per_node=8" in learners
     assert learners.endswith("rollout.server.hosts=[gpu-b,gpu-b]")
 
 
@@ -317,3 +329,22 @@ def test_the_sbatch_script_refuses_a_job_of_the_wrong_size(tmp_path, monkeypatch
     _stubs(tmp_path, monkeypatch, **DEDICATED)
     proc = _sbatch(tmp_path, "python", "layout=dedicated", hosts="gpu-a gpu-b")
     assert proc.returncode == 1 and "this job has 2 node(s) but layout.nodes=1: sbatch --nodes=1" in proc.stderr
+
+
+def test_the_sbatch_script_gives_each_node_of_a_dedicated_layout_its_address_for_vllm(tmp_path, monkeypatch):
+    """VLLM_HOST_IP: the address vLLM's get_ip() gives the weight-transfer group (TRL's VLLMClient advertises the
+    trainer's), else 0.0.0.0 on a node without a default route. A server node gets its name's address, resolved
+    as the learners resolve rollout.server.hosts; each learner task resolves its own node's name on that node
+    (rank 0 may be on any). A server node that does not resolve stops the job before anything starts."""
+    bin_dir = _stubs(tmp_path, monkeypatch, **TWO_SERVERS)
+    (bin_dir / "torchrun").write_text('#!/bin/bash\necho "torchrun VLLM_HOST_IP=$VLLM_HOST_IP" >> "$STUB_LOG"\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    proc = _sbatch(tmp_path, str(bin_dir / "python"), "layout=open_r1_2node", hosts="gpu-a gpu-b", STUB_RUN="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = _steps(tmp_path)
+    assert [s.split(" VLLM_HOST_IP=")[1].split()[0] for s in steps if " serve " in s] == ["10.0.0.2", "10.0.0.2"]
+    assert steps[-1] == "torchrun VLLM_HOST_IP=10.0.0.1"  # the learner node gpu-a, resolved in its task
+    (tmp_path / "steps.log").unlink()
+    proc = _sbatch(tmp_path, "python", "layout=open_r1_2node", hosts="gpu-a gpu-x")
+    assert proc.returncode == 1 and "cannot resolve the server node gpu-x to an IPv4 address" in proc.stderr
+    assert not (tmp_path / "steps.log").exists()  # nothing started

@@ -52,6 +52,63 @@ def test_the_real_engine_refuses_a_machine_without_cuda():
         VLLMRollout(None, None, schema.node(schema.RolloutConfig, {"vllm": {}}))
 
 
+class _FakeDist:
+    """``torch.distributed`` as a single process sees it before the engine starts a world of one; records calls."""
+
+    def __init__(self):
+        self.calls, self.env = [], {}
+
+    def is_initialized(self):
+        return bool(self.env)
+
+    def init_process_group(self, backend):
+        self.calls.append(("init", backend))
+        self.env = {k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")}
+
+    def get_rank(self):
+        return 0
+
+    def get_world_size(self):
+        return 1
+
+    def barrier(self):
+        self.calls.append(("barrier",))
+
+
+@pytest.mark.parametrize("port", ["", "0"])
+def test_one_process_world_binds_the_devices_gpu_a_free_port_and_waits_once_vllm_is_built(monkeypatch, port):
+    """``device=cuda:3`` in one process: LOCAL_RANK 3 (vLLM's worker binds cuda:LOCAL_RANK), a free MASTER_PORT
+    (not a fixed one that a second job on the node holds), and the barrier TRL 1.16 runs after the LLM is built."""
+    import socket
+
+    from core.rollout import vllm as engine
+    from tests import vllm_double
+    from tests.helpers import tiny_model
+    from tests.vllm_double import RecordingLLM
+
+    fake, built = _FakeDist(), []
+    monkeypatch.setattr(engine, "dist", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)  # distributed.init set cuda:3 current
+    # what had happened when the LLM was built
+    monkeypatch.setattr(vllm_double, "LLM", lambda **kw: built.append(list(fake.calls)) or RecordingLLM(**kw))
+    for key in ("MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_PORT", port)
+    model, tok = tiny_model()
+    with socket.socket() as taken:  # the port the engine used to fix, held by another job
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taken.bind(("", 29517))
+            taken.listen()
+        except OSError:
+            pass  # someone else holds it already
+        VLLMRollout(model, tok, schema.node(schema.RolloutConfig, {"vllm": {}}), vllm=vllm_double)
+    assert fake.env["LOCAL_RANK"] == "3" and fake.env["RANK"] == "0" and fake.env["WORLD_SIZE"] == "1"
+    assert int(fake.env["MASTER_PORT"]) not in (0, 29517)
+    assert built == [[("init", "nccl")]] and fake.calls == [("init", "nccl"), ("barrier",)]
+
+
 # --- the engine on the double, ZeRO-3 on 2 CPU ranks ------------------------------------------------------
 
 

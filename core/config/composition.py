@@ -1,17 +1,18 @@
 """Composing the configs outside ``@hydra.main``, and the OmegaConf resolvers they use.
 
 Every entry point registers the resolvers (``recipes/run.py``, the benches, the tests' compose fixture):
-``${root:}``, the project root, ``${run_id:}``, a suffix unique to this launch that keeps run dirs
-apart when many start in the same second, and ``${codeforces_tiny:}``, the folder of the tiny Codeforces problems
-(written by their data source), which the Codeforces recipe's ``verifier.tiny`` names as cf_code's tests folder.
+``${root:}``, the project root, ``${run_stamp:}``, the launch time and a suffix unique to the launch that
+keeps run dirs apart when many start in the same second (one value for every rank of a ``torchrun`` launch),
+and ``${codeforces_tiny:}``, the folder of the tiny Codeforces problems (written by their data source), which the
+Codeforces recipe's ``verifier.tiny`` names as cf_code's tests folder.
 :func:`compose` is Hydra's compose API on ``conf/``, which Hydra's docs keep for tests, notebooks and tools like the
 benches; runs go through ``@hydra.main``.
 """
 from __future__ import annotations
 
 import functools
-import os
 import secrets
+import time
 
 from omegaconf import OmegaConf
 
@@ -19,11 +20,13 @@ from core.paths import CONF_DIR, PROJECT_ROOT
 
 
 @functools.cache
-def run_id() -> str:
-    """Six hex characters, the same for every interpolation in this process and for every rank of one
-    ``torchrun`` launch (its ``TORCHELASTIC_RUN_ID``), different between launches."""
-    shared = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    return shared.replace("-", "")[:6] if shared != "none" else secrets.token_hex(3)
+def run_stamp() -> str:
+    """``2025-01-31_12-00-00_a1b2c3``: the launch time and six hex characters, the same for every interpolation in
+    this process and for every rank of one ``torchrun`` launch (rank 0's: ranks start apart, so their own clocks
+    may straddle a second, and a plain ``torchrun`` gives them no shared id), different between launches."""
+    from core.training.distributed import launch_agreed
+
+    return launch_agreed("run_stamp", f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{secrets.token_hex(3)}")
 
 
 def _codeforces_tiny() -> str:
@@ -39,7 +42,7 @@ def register_resolvers() -> None:
     from core.config.schema import store
 
     store()
-    resolvers = (("root", lambda: str(PROJECT_ROOT)), ("run_id", run_id), ("codeforces_tiny", _codeforces_tiny))
+    resolvers = (("root", lambda: str(PROJECT_ROOT)), ("run_stamp", run_stamp), ("codeforces_tiny", _codeforces_tiny))
     for name, fn in resolvers:
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)  # cached in the config: it travels with it

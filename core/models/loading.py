@@ -131,6 +131,14 @@ def cached_build(kind: str, key: Any, build: Callable[[Path], None]) -> Path:
     return final
 
 
+def save_from_any_rank(model, out: Path) -> None:
+    """``model.save_pretrained(out)`` on whichever rank runs it: a cache entry is built by the rank that takes its
+    lock, and transformers 5 writes weights from rank 0 alone when a process group is up (distributed/mixin.py
+    ``should_save_on_this_rank``), which left another rank's entry marked done without them."""
+    model.should_save_on_this_rank = lambda is_main_process: True  # this instance only
+    model.save_pretrained(out)
+
+
 def build_tiny_model_dir(arch: str, tiny: dict, seed: int) -> Path:
     """Build (once, then cached) a randomly initialised tiny model + tokenizer of class ``arch``."""
     from transformers import AutoModelForCausalLM
@@ -141,7 +149,7 @@ def build_tiny_model_dir(arch: str, tiny: dict, seed: int) -> Path:
         with fork_rng(torch.device("cpu")):  # built on the CPU
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-        model.save_pretrained(out)
+        save_from_any_rank(model, out)
         tok.save_pretrained(out)
 
     return cached_build("models", {"arch": arch, "tiny": dict(tiny), "seed": seed, "v": 1}, build)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from core.models.packing import cu_seqlens, varlen_kwargs
 from core.registry import Registry
+from core.training import distributed
 from core.training.device import DTYPES
 from core.training.engine import writable
 from core.config.scale import SHRINKERS
@@ -187,8 +188,9 @@ def save_reward_model(engine, tokenizer, out_dir: Path, stats: dict) -> None:
             merged = module.merge_and_unload()
         engine.module = module = merged
     module.config.mean, module.config.std = stats["mean"], stats["std"]
-    engine.save_pretrained(out_dir, tokenizer)
-    (Path(out_dir) / "reward_stats.json").write_text(json.dumps(stats, indent=1))
+    engine.save_pretrained(out_dir, tokenizer)  # collective: ZeRO-3 gathers, rank 0 writes
+    if distributed.is_main():
+        (Path(out_dir) / "reward_stats.json").write_text(json.dumps(stats, indent=1))
 
 
 @torch.no_grad()

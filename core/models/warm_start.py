@@ -19,7 +19,7 @@ import torch
 
 from core.config.frozen import FrozenConfig
 from core.config.schema import RolloutConfig, node
-from core.models.loading import cached_build, load_causal_lm, load_tokenizer
+from core.models.loading import cached_build, load_causal_lm, load_tokenizer, save_from_any_rank
 from core.models.packing import position_ids
 from core.rollout.batch import Sampling, left_pad
 from core.training.device import fork_rng
@@ -105,7 +105,7 @@ def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]],
             rounds.append({"step": len(losses), "accuracy": acc})
             if acc >= float(ws_cfg.target_accuracy):
                 break
-        model.save_pretrained(out)
+        save_from_any_rank(model, out)
         tok.save_pretrained(out)
         (out / "warm_start.json").write_text(json.dumps({"rounds": rounds, "loss": losses}, indent=1))
 

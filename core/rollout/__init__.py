@@ -9,8 +9,9 @@ each imported when asked for. Every engine is built from
   copy; ``vllm``: pushed one parameter at a time, each gathered alone under ZeRO-3). Every rank calls it;
 - ``gathers_policy``: the loop holds the policy gathered whole around ``generate`` under ZeRO-3
   (``engine.gathered``); true only for ``hf`` with ``rollout.gather_for_generation``;
-- ``collective``: ``generate`` takes part in collectives, so every rank calls it, with a stand-in prompt
-  when it has none (``hf`` on partitioned ZeRO-3 weights, ``vllm`` with tensor parallelism);
+- ``collective``: ``generate`` takes part in collectives, so every rank calls it with as many prompts as the
+  others, stand-ins filling a short share (``hf`` on partitioned ZeRO-3 weights: one synced generate per
+  chunk; ``vllm`` with tensor parallelism; ``vllm_server``);
 - ``generate(prompts, sampling)``: a :class:`core.rollout.batch.RolloutBatch`;
 - ``start_generate(prompts, sampling)`` (optional): begin generating and return a handle whose ``result()`` is
   that batch (a server engine sends its request from a thread and returns at once). ``result()`` is called

@@ -51,6 +51,11 @@ class RolloutBatch:
         """``[N]`` bool: the sample emitted an EOS (``finish_reason == "stop"``)."""
         return torch.tensor([r == "stop" for r in self.finish_reason], device=self.input_ids.device)
 
+    def head(self, n: int) -> "RolloutBatch":
+        """The first ``n`` rows (those after them were stand-ins, generated only to keep ranks in step)."""
+        return RolloutBatch(self.input_ids[:n], self.attention_mask[:n], self.response_mask[:n], self.logprobs[:n],
+                            self.finish_reason[:n], self.prompt_length)
+
 
 def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists to ``(ids [N, P], mask [N, P])``, padded on the left."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -43,16 +44,28 @@ from core.rollout import register_rollout
 from core.rollout.batch import RolloutBatch, Sampling, eos_token_ids, from_token_lists
 
 
-def _ensure_process_group() -> None:
-    """``external_launcher`` needs torch.distributed; a single process gets a world of one."""
+def _ensure_process_group(device: torch.device) -> None:
+    """``external_launcher`` needs torch.distributed and the rank variables, and vLLM's worker binds
+    ``cuda:LOCAL_RANK``: LOCAL_RANK is this rank's resolved device (``device=cuda:N`` in one process is GPU N), as
+    TRL 1.16 sets it from the process it runs in. A single process gets a world of one on the MASTER_PORT it was
+    given, else a free one (TRL ``ensure_master_addr_port``): a fixed port would collide between jobs on a node."""
+    if device.type == "cuda":
+        os.environ["LOCAL_RANK"] = str(device.index)
     if dist.is_initialized():
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    os.environ.setdefault("RANK", "0")
+    if os.environ.get("MASTER_PORT", "").strip().lower() in ("", "0", "auto"):
+        os.environ["MASTER_PORT"] = str(free_port())
+    os.environ.update(RANK="0", WORLD_SIZE="1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def tp_groups(world: int, tp: int) -> list[list[int]]:
@@ -74,7 +87,10 @@ class VLLMRollout:
             vllm = importlib.import_module("vllm")
         if hasattr(model, "peft_config"):  # TRL merges adapters under a whole-model gather; no RL policy here is one
             raise NotImplementedError("rollout.engine=vllm with a PEFT policy: adapters would be pushed unmerged")
-        _ensure_process_group()
+        # this rank's GPU: distributed.init made the resolved device current
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
+            torch.device("cpu")
+        _ensure_process_group(self.device)
         v, rank, world = cfg.vllm, dist.get_rank(), dist.get_world_size()
         tp = int(v.tensor_parallel_size)
         if world % tp:
@@ -87,8 +103,6 @@ class VLLMRollout:
         self.keeps_weights = not self.sleep_level
         self._vllm, self.tokenizer = vllm, tokenizer
         self.eos_ids = eos_token_ids(tokenizer, model, cfg.stop_token_ids)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
-            torch.device("cpu")
         self.llm = vllm.LLM(
             model=model.name_or_path,
             dtype=str(v.dtype),
@@ -105,6 +119,9 @@ class VLLMRollout:
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
         self._weights_asleep = bool(self.sleep_level)
+        # every rank waits for the others' vLLM: ranks left apart by its start-up hang DeepSpeed's (TRL 1.16
+        # VLLMGeneration: accelerator.wait_for_everyone() after the LLM is built)
+        dist.barrier()
 
     def sync_weights(self, engine) -> None:
         """Push the optimiser engine's current weights into vLLM, one parameter at a time. Collective under

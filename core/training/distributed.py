@@ -11,6 +11,7 @@ no helper has to move a tensor to reduce it. On the CPU it is gloo alone
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -78,6 +79,22 @@ def broadcast_object(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def launch_agreed(key: str, value: str) -> str:
+    """Rank 0's ``value`` on every rank of a ``torchrun`` launch, before any process group exists (Hydra resolves
+    the run dir first): shared through the store torchrun's agent hosts at MASTER_ADDR:MASTER_PORT, the one
+    ``init_process_group`` later joins (torch/distributed/rendezvous.py ``_create_c10d_store``). Outside torchrun,
+    or in a world of one, ``value`` itself. Keyed by the restart count: a restarted worker group agrees afresh."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or int(env.get("WORLD_SIZE", "1")) < 2:
+        return value
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(minutes=10))  # rank 0 may still be importing
+    key = f"rlrecipes/{key}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if int(env["RANK"]) == 0:
+        store.set(key, value)
+    return store.get(key).decode()
 
 
 def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
