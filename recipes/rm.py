@@ -23,7 +23,7 @@ from core.data import preferences as PD
 from core.data.prompts import DataError, PromptSampler
 from core.models import reward_model as RM
 from core.models.loading import load_tokenizer, model_dir
-from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
+from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory
 from core.reporting.results import append_row, write_summary
 from core.training import distributed
 from core.training.checkpoint import (AlreadyFinished, atomic_dir, load_training_state, prior_run,
@@ -177,6 +177,7 @@ def make_batch(run: Run, pairs: list[dict]) -> dict:
 
 def rm_step(run: Run) -> dict:
     """One optimiser step over ``batch_size`` pairs, accumulated from micro-batches."""
+    reset_peak_memory()  # memory/peak_mb is this step's
     t, engine, timer = run.cfg.train, run.engine, PhaseTimer()
     idx = run.sampler.next()[distributed.rank()::run.plan["world"]]
     micro, accum = int(t.micro_batch_size), run.plan["grad_accum"]
@@ -190,7 +191,7 @@ def rm_step(run: Run) -> dict:
             for k, v in {**m, "loss": loss.item()}.items():
                 sums[k] = sums.get(k, 0.0) + v / accum
         sums.update(engine.step())
-    return {**sums, **timer.pop(), "memory/peak_mb": peak_memory_mb()}
+    return {**sums, **timer.pop(), **peak_memory()}
 
 
 @torch.no_grad()
