@@ -39,7 +39,8 @@ for r in pins:
     except PackageNotFoundError:  # pinned for another machine (vllm, flash-attn in gpu.txt)
         absent.append(r.name)
 bad = {r.name: got[r.name] for r in pins if r.name in got and got[r.name] not in r.specifier}
-print("installed:", " ".join(f"{k}=={v}" for k, v in got.items()), "torch==" + version("torch"),
+got.setdefault("torch", version("torch"))
+print("installed:", " ".join(f"{k}=={v}" for k, v in got.items()),
       f"(not installed here: {', '.join(absent)})" if absent else "")
 sys.exit(f"not the pinned versions: {bad}" if bad else 0)
 PY
