@@ -9,12 +9,15 @@ TORCH_SPEC ?= torch==2.13.0
 # project's dependencies (`make gpu-smoke SMOKE_PY=python3`: docs/performance.md, "GPU smoke").
 SMOKE_PY ?= $(BIN)/python
 PYTEST_ARGS ?=
+# Constraints file of `make test-constraints` (constraints/test.sh).
+C ?= constraints/gpu.txt
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test test-slow test-gpu test-all bench gpu-smoke compare clean
+.PHONY: help venv demo test test-slow test-gpu test-all test-min test-constraints check-gpu-constraints bench gpu-smoke \
+        compare clean
 
 help: ## List the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-22s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +42,15 @@ test-gpu: $(STAMP) ## Run the GPU tests (vLLM, flash-attn); needs CUDA and `pip 
 
 test-all: $(STAMP) ## Run every CPU test, slow ones included
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-min: ## Install every floor of pyproject.toml (constraints/min.txt) in a /tmp venv and run the fast subset
+	$(MAKE) test-constraints C=constraints/min.txt
+
+test-constraints: ## The same with the pins of C (default constraints/gpu.txt: the gpu extra's versions, on CPU)
+	PY=$(PY) TORCH_SPEC="$(TORCH_SPEC)" constraints/test.sh $(C) $(PYTEST_ARGS)
+
+check-gpu-constraints: $(STAMP) ## Resolve constraints/gpu.txt with pip (dry run: the project and vllm; flash-attn aside)
+	$(BIN)/pip install --dry-run --ignore-installed -c constraints/gpu.txt "$(TORCH_SPEC)" -e . vllm 2>/dev/null | tail -1
 
 bench: $(STAMP) ## Run the benchmarks (see docs/performance.md)
 	$(BIN)/python -m bench

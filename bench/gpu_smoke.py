@@ -6,8 +6,9 @@
 2. The tiny recipe (``tiny_math_grpo``, no warm start) with that model under ``zero=none``, ``stage2`` and
    ``stage3`` at world size 1, each in its own process (``python -m recipes.run``), a few RL steps each.
    From the steps after the first (warm-up): tokens per second of generation and of the policy update,
-   peak GPU memory, and the update's MFU, ``6 x parameters x tokens / time / peak`` (the update's forward
-   and backward; the device's dense bf16 peak from :data:`PEAK_TFLOPS`, or ``GPU_PEAK_TFLOPS``).
+   each step's peak GPU memory, and the update's MFU: training FLOPs (:func:`train_flops_per_token`) x tokens
+   / time / the device's dense bf16 peak (:data:`PEAK_TFLOPS`, or ``GPU_PEAK_TFLOPS``), as model FLOPs (MFU)
+   and as hardware FLOPs, which add the forward recomputed under gradient checkpointing (HFU).
 
     make gpu-smoke                        # or: python -m bench.gpu_smoke
     GPU_SMOKE_STEPS=6 GPU_SMOKE_MAX_NEW=512 python -m bench.gpu_smoke
@@ -45,8 +46,9 @@ MODEL = {"qwen2_5_0_5b": ["model=qwen2_5_0_5b_random"],
                   "model.tiny.intermediate_size=64", "model.tiny.num_hidden_layers=2",
                   "model.tiny.num_attention_heads=4", "model.tiny.max_position_embeddings=1024",
                   "model.dtype=float32"]}[SHAPES]
+PROMPTS, GROUP = 16, 8  # an RL step's prompts and completions per prompt: the update's rows are PROMPTS x GROUP
 RECIPE = ["logger.progress=false", "logger.tensorboard=false", "train.warm_start.steps=0", f"train.total_steps={STEPS}",
-          "train.prompts_per_step=16", "train.group_size=8", "train.mini_batch_size=128", "train.micro_batch_size=16",
+          f"train.prompts_per_step={PROMPTS}", f"train.group_size={GROUP}", "train.mini_batch_size=128", "train.micro_batch_size=16",
           "train.logprob_micro_batch_size=32", "train.eval_prompts=16", f"rollout.max_new_tokens={MAX_NEW}",
           f"device={DEVICE}"]
 
@@ -55,6 +57,40 @@ def peak_tflops(name: str) -> float | None:
     if os.environ.get("GPU_PEAK_TFLOPS"):
         return float(os.environ["GPU_PEAK_TFLOPS"])
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
+def train_flops_per_token(config, seq_len: float, recompute: bool = False) -> float:
+    """FLOPs of one training token (forward and backward) of a decoder. Model FLOPs, PaLM's count (Chowdhery et
+    al. 2022, "PaLM", appendix B; Megatron-LM's, Narayanan et al. 2021, section 5.1, is the same up to the vocabulary
+    term): ``6 N + 12 L d T``. N: the parameters that multiply (:func:`matmul_params`: all but the input
+    embedding, whose lookup does no arithmetic; the LM head counts, tied or not); L layers; d the attention width
+    (query heads x head dim); T the sequence length, each token attending to T keys (the causal mask's skipped half
+    counted, as PaLM does). A forward is a third of that.
+
+    ``recompute`` (gradient checkpointing) gives hardware FLOPs (Korthikanti et al. 2022, "Reducing Activation
+    Recomputation", section 6): backward runs each decoder layer's forward again, ``2 N_layers + 4 L d T`` more
+    (the LM head is outside the checkpointed layers). PyTorch's non-reentrant checkpoint stops a layer's recompute
+    once the tensors backward needs are back, so it skips the last matmul (the MLP's down projection): the
+    device does that much less (tests/test_gpu_smoke.py measures it)."""
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+    flops = 6 * matmul_params(config) + 12 * layers * width * seq_len
+    if recompute:
+        flops += 2 * matmul_params(config, head=False) + 4 * layers * width * seq_len
+    return flops
+
+
+def matmul_params(config, head: bool = True) -> int:
+    """Parameters of ``config``'s model less the input embedding (a lookup), with the LM head (the tied matrix,
+    when tied) or, ``head=False``, without it."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    emb, lm_head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    body = sum(p.numel() for p in model.parameters() if p is not emb and p is not lm_head)
+    return body + (lm_head.numel() if head else 0)
 
 
 def packed_vs_padded() -> dict:
@@ -116,10 +152,12 @@ def main() -> None:
                          "(GPU_SMOKE_DEVICE=cpu GPU_SMOKE_SHAPES=tiny runs it on the CPU)")
     name = torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "cpu"
     cfg = compose(MODEL)
-    n_params = _count_params(AutoConfig.from_pretrained(model_dir(cfg.model)))
+    config = AutoConfig.from_pretrained(model_dir(cfg.model))
+    n_params, recompute = matmul_params(config), bool(cfg.model.gradient_checkpointing)
     peak = peak_tflops(name)
-    print(f"device {name}, torch {torch.__version__}, model {SHAPES} ({n_params / 1e6:.0f}M parameters, "
-          f"{cfg.model.dtype}, {cfg.model.attn_implementation}), {STEPS} RL steps of 16 x 8, max_new_tokens {MAX_NEW}",
+    print(f"device {name}, torch {torch.__version__}, model {SHAPES} ({n_params / 1e6:.0f}M parameters in "
+          f"matmuls, {cfg.model.dtype}, {cfg.model.attn_implementation}, gradient checkpointing {recompute}), "
+          f"{STEPS} RL steps of {PROMPTS} x {GROUP}, max_new_tokens {MAX_NEW}",
           flush=True)
     check = packed_vs_padded()
     print(f"packed vs padded ({check['dtype']}, {check['tokens']} tokens): log-prob |diff| max "
@@ -129,22 +167,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpu_smoke_") as tmp:
         for zero in ZEROS:
             r = recipe_run(zero, Path(tmp))
-            mfu = (6 * n_params * r["update_tokens"] / r["update_s"] / (peak * 1e12)) if peak else float("nan")
+            seq = r["update_tokens"] / (PROMPTS * GROUP)  # mean sequence length (prompt and completion)
+            mfu, hfu = (train_flops_per_token(config, seq, rc) * r["update_tokens"] / r["update_s"] / (peak * 1e12)
+                        if peak else float("nan") for rc in (False, recompute))
             print(f"zero={zero}: generation {r['generate_tok_s']:.0f} tok/s, update {r['update_tok_s']:.0f} tok/s, "
-                  f"update MFU {mfu:.3f} (peak {peak} TFLOP/s), peak memory {r['peak_mb']:.0f} MB "
+                  f"update MFU {mfu:.3f} HFU {hfu:.3f} (peak {peak} TFLOP/s), peak memory {r['peak_mb']:.0f} MB "
                   f"(median of {r['steps']} steps)", flush=True)
     # bf16 keeps 8 significant bits (relative rounding 2^-9); two kernels' summation orders drift by a few
     # such steps per layer. Bounds, not calibrated on a GPU yet: docs/performance.md says what ran where.
     tol = TOLERANCE[check["dtype"]]
     if any(check[k] > v for k, v in tol.items()):
         raise SystemExit(f"packed and padded forwards disagree beyond {check['dtype']} rounding {tol}: {check}")
-
-
-def _count_params(config) -> int:
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
 
 
 if __name__ == "__main__":

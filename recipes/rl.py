@@ -42,7 +42,7 @@ from core.models.critic import chunked_values, load_critic, token_values, value_
 from core.models.loading import for_training, load_causal_lm, load_tokenizer, model_dir
 from core.models.logprobs import chunked_logprobs, response_logprobs
 from core.models.warm_start import warm_started_dir
-from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb, to_floats
+from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory, to_floats
 from core.reporting.results import append_row, write_summary
 from core.rollout import RolloutBatch, Sampling, build_rollout
 from core.rollout.ahead import GenerationAhead
@@ -231,6 +231,7 @@ def train(run: Run) -> None:
 
 def rl_step(run: Run) -> dict:
     """One RL step: sample, score and shape, rollout-phase forwards, advantages, updates."""
+    reset_peak_memory()  # memory/peak_mb is this step's
     cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
     more = run.step + 1 < int(cfg.train.total_steps)  # a step follows: with generate_ahead its batch starts now
     # the batch generated one step ahead, else this step's generated now (core/rollout/ahead.py)
@@ -267,7 +268,7 @@ def rl_step(run: Run) -> dict:
         "length/truncated_frac": 1.0 - stopped.float().mean().item(), "kl/beta": beta,
         "tokens/generated": tokens[0].item(), "tokens/total": tokens[1].item(), **kl_metrics, **upd,
         "rollout/policy_lag": run.step - made_by,  # versions between the weights trained and those that sampled
-        **distributed.mean_metrics(timer.pop()), "memory/peak_mb": peak_memory_mb(),
+        **distributed.mean_metrics(timer.pop()), **peak_memory(),
     }
 
 

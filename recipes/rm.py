@@ -27,7 +27,7 @@ from core.data import preferences as PD
 from core.data.prompts import DataError, PromptSampler
 from core.models import reward_model as RM
 from core.models.loading import for_training, load_tokenizer, model_dir
-from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb, to_floats
+from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory, to_floats
 from core.reporting.results import append_row, write_summary
 from core.training import distributed
 from core.training.checkpoint import (AlreadyFinished, atomic_dir, load_training_state, prior_run,
@@ -185,6 +185,7 @@ def make_batch(run: Run, pairs: list[dict]) -> dict:
 def rm_step(run: Run) -> dict:
     """One optimiser step over ``batch_size`` pairs, accumulated from micro-batches; their metrics add up on
     the device (float64) and reach the host once."""
+    reset_peak_memory()  # memory/peak_mb is this step's
     t, engine, timer = run.cfg.train, run.engine, PhaseTimer()
     idx = run.sampler.next()[distributed.rank()::run.plan["world"]]
     micro, accum = int(t.micro_batch_size), run.plan["grad_accum"]
@@ -199,7 +200,7 @@ def rm_step(run: Run) -> dict:
                 sums[k] = sums.get(k, 0.0) + v.double() / accum
         sums = {**to_floats(sums), **engine.step()}
     # this rank's pairs' loss and accuracy: the step's are the mean over ranks (equal shares)
-    return {**distributed.mean_metrics({**sums, **timer.pop()}), "memory/peak_mb": peak_memory_mb()}
+    return {**distributed.mean_metrics({**sums, **timer.pop()}), **peak_memory()}
 
 
 @torch.no_grad()

@@ -40,3 +40,52 @@ def test_gpu_smoke():
     _check(out)
     assert "packed vs padded (torch.bfloat16" in out
     assert all(float(m) > 0 for m in re.findall(r"update MFU ([\d.]+)", out))
+
+
+def _tiny_qwen2(**kw):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **kw)
+    torch.manual_seed(0)
+    return config, AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+
+
+def _counted_flops_per_token(model, batch: int, seq: int) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    return counter.get_total_flops() / (batch * seq)
+
+
+# FlopCounterMode counts matmuls only; the formula's 6N also counts the norms' weights and the q/k/v biases
+# (0.2% of N here) and leaves out softmax, norms and activations (not counted by either).
+TOLERANCE = 0.01
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_train_flops_per_token_matches_torch_flop_counter(tied, recompute):
+    """With recompute the device does less than a whole extra forward of the layers: PyTorch's checkpoint stops
+    before each layer's last matmul, the MLP down projection (train_flops_per_token's docstring)."""
+    from bench.gpu_smoke import train_flops_per_token
+
+    config, model = _tiny_qwen2(tie_word_embeddings=tied)
+    if recompute:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    counted = _counted_flops_per_token(model, batch=2, seq=96)
+    skipped = 2 * sum(layer.mlp.down_proj.weight.numel() for layer in model.model.layers) if recompute else 0
+    assert train_flops_per_token(config, 96, recompute) - skipped == pytest.approx(counted, rel=TOLERANCE)
+
+
+def test_the_input_embedding_is_not_counted_and_the_lm_head_is():
+    from bench.gpu_smoke import matmul_params
+
+    for tied in (False, True):
+        config, model = _tiny_qwen2(tie_word_embeddings=tied)
+        total, emb = sum(p.numel() for p in model.parameters()), config.vocab_size * config.hidden_size
+        assert matmul_params(config) == total - emb * (not tied)  # tied: the one matrix counts, as the LM head
+        assert matmul_params(config, head=False) == total - emb * (2 - tied)

@@ -47,11 +47,35 @@ def to_floats(metrics: dict) -> dict:
     return {**metrics, **dict(zip(keys, values))}
 
 
-def peak_memory_mb() -> float:
-    """Peak GPU memory allocated by torch if CUDA is in use, else the process's peak RSS."""
+_CLEAR_REFS, _STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
+_cpu_peak_resets = False  # whether the last reset_peak_memory reset the CPU's high-water mark
+
+
+def reset_peak_memory() -> None:
+    """Start a step's peak memory (the loops call it first in a step, :func:`peak_memory` last): CUDA's allocator
+    peak, or on the CPU the process's high-water RSS, which Linux resets to the current RSS when ``5`` is written
+    to ``/proc/self/clear_refs`` (proc(5), ``VmHWM``)."""
+    global _cpu_peak_resets
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        _CLEAR_REFS.write_text("5")
+        _cpu_peak_resets = True
+    except OSError:  # not Linux, or /proc read-only
+        _cpu_peak_resets = False
+
+
+def peak_memory() -> dict[str, float]:
+    """The step's peak since :func:`reset_peak_memory`, in MiB, as ``memory/peak_mb``: GPU memory allocated by
+    torch if CUDA is in use, else the process's high-water RSS. Where the CPU's cannot be reset it is the peak
+    since the process started, named ``memory/peak_since_start_mb`` so it is not read as the step's."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return {"memory/peak_mb": torch.cuda.max_memory_allocated() / 2**20}
+    if _cpu_peak_resets:
+        hwm = next(line for line in _STATUS.read_text().splitlines() if line.startswith("VmHWM:"))
+        return {"memory/peak_mb": int(hwm.split()[1]) / 1024}  # kB
+    return {"memory/peak_since_start_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
 
 
 class MetricsWriter:
