@@ -39,7 +39,7 @@ from core.config.frozen import FrozenConfig, freeze
 from core.config.resume import check_resume_config, write_config
 from core.data import prompts as D
 from core.models.critic import chunked_values, load_critic, token_values, value_loss
-from core.models.loading import load_causal_lm, load_tokenizer, model_dir
+from core.models.loading import for_training, load_causal_lm, load_tokenizer, model_dir
 from core.models.logprobs import chunked_logprobs, response_logprobs
 from core.models.warm_start import warm_started_dir
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
@@ -122,9 +122,12 @@ def setup(cfg, run_dir: str | None = None) -> Run:
                                     int(cfg.rollout.max_new_tokens)))
     total_updates = int(cfg.train.total_steps) * plan["optimizer_steps_per_rl_step"]
     with model_init(cfg.zero, dtype):  # ZeRO-3: every weight partitioned as it loads
-        policy = load_causal_lm(path, cfg.model)
+        # train mode: transformers checkpoints gradients only there, and from_pretrained returns eval mode; the
+        # no-grad passes and generation switch to eval and back. The reference stays in eval (FrozenModel).
+        policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
         ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
-        critic = load_critic(path, cfg.advantage.critic, cfg.model) if "critic" in cfg.advantage else None
+        critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model), cfg.train.disable_dropout)
+                  if "critic" in cfg.advantage else None)
     engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)
     if critic is not None:
         critic = _train_engine(critic, cfg, _critic_optim(cfg), total_updates, plan, device)

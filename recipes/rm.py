@@ -22,7 +22,7 @@ from core.config.resume import check_resume_config, write_config
 from core.data import preferences as PD
 from core.data.prompts import DataError, PromptSampler
 from core.models import reward_model as RM
-from core.models.loading import load_tokenizer, model_dir
+from core.models.loading import for_training, load_tokenizer, model_dir
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory_mb
 from core.reporting.results import append_row, write_summary
 from core.training import distributed
@@ -118,13 +118,13 @@ def plan_batches(t, num_pairs: int) -> dict:
 
 
 def build_model(path: str, cfg, tokenizer):
-    """The scalar-head model, dropout off, LoRA-wrapped when ``train.lora.rank > 0``."""
+    """The scalar-head model in train mode (gradient checkpointing runs only there), dropout off per
+    ``train.disable_dropout``, LoRA-wrapped when ``train.lora.rank > 0``."""
     model = RM.load_reward_model(path, cfg.model, cfg.train.head_init, tokenizer.pad_token_id)
-    if cfg.train.disable_dropout:
-        RM.disable_dropout(model)
+    model = for_training(model, cfg.train.disable_dropout)  # before LoRA, which keeps its own lora.dropout
     if int(cfg.train.lora.rank) > 0:
         model = RM.apply_lora(model, cfg.train.lora)
-    return model.train()  # from_pretrained returns eval mode, where HF skips gradient checkpointing
+    return model
 
 
 def _resume(run: Run, ckpt: Path) -> None:

@@ -364,6 +364,11 @@ class RLTrainConfig:
     shuffle_mini_batches: bool = False
     packing: Any = ck("auto", BOOL_OR_AUTO)
     logprob_micro_batch_size: int = ck(64, POS)
+    # Every dropout probability of the policy and critic set to 0 (core.models.loading.for_training). Its one
+    # home is here; each named recipe sets its source's value: Open-Instruct disables dropout in every model,
+    # TRL's GRPOConfig.disable_dropout is False (0.18, 1.16) and veRL leaves the checkpoint's; false keeps the
+    # checkpoint's dropout, active in the training forwards (train mode), as those sources do.
+    disable_dropout: bool = False
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
     eval_every: int = ck(0, NONNEG)
     eval_prompts: int = ck(0, NONNEG)  # 0: the whole eval split

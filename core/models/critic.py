@@ -12,13 +12,15 @@ from __future__ import annotations
 import torch
 
 from core.models import packing as packing_lib
-from core.training.device import DTYPES
+from core.models.loading import with_checkpointing
+from core.training.device import DTYPES, fork_rng
 from core.training.engine import writable
 
 
 def load_critic(policy_path: str, critic_cfg, model_cfg):
-    """The value model, in the policy's dtype: from ``critic_cfg.init_from`` if set, else the policy weights
-    plus a new head. Under ZeRO-3, call it inside ``core.training.engine.model_init``."""
+    """The value model, in the policy's dtype and with the policy's gradient checkpointing (``model``): from
+    ``critic_cfg.init_from`` if set, else the policy weights plus a new head. Under ZeRO-3, call it inside
+    ``core.training.engine.model_init``."""
     from transformers import AutoModelForSequenceClassification
 
     path = critic_cfg.init_from or policy_path
@@ -27,11 +29,11 @@ def load_critic(policy_path: str, critic_cfg, model_cfg):
         dtype=DTYPES[model_cfg.dtype])
     if not critic_cfg.init_from:
         head = model.score.weight
-        with torch.no_grad(), torch.random.fork_rng(), writable([head]):
+        with torch.no_grad(), fork_rng(head.device), writable([head]):
             torch.manual_seed(int(critic_cfg.head_seed))
             head.normal_(0.0, 1.0 / (model.config.hidden_size + 1))
     model.config.pad_token_id = model.config.pad_token_id or 0
-    return model
+    return with_checkpointing(model, model_cfg)
 
 
 def token_values(critic, input_ids, attention_mask, prompt_length: int, packing="auto") -> torch.Tensor:

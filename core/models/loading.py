@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from core import paths
-from core.training.device import DTYPES
+from core.training.device import DTYPES, fork_rng
 
 # Special tokens per architecture family, named as the real tokenizers name them so chat templates
 # and EOS handling exercise the same code paths as on a cluster.
@@ -138,7 +138,7 @@ def build_tiny_model_dir(arch: str, tiny: dict, seed: int) -> Path:
     def build(out: Path) -> None:
         tok = build_char_tokenizer(arch)
         cfg = _tiny_config(arch, dict(tiny), tok)
-        with torch.random.fork_rng():
+        with fork_rng(torch.device("cpu")):  # built on the CPU
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         model.save_pretrained(out)
@@ -193,10 +193,40 @@ def load_causal_lm(path: str, model_cfg):
     if attn == "flash_attention_2":
         _require("flash_attn", "model.attn_implementation=flash_attention_2")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_cfg.dtype], attn_implementation=attn)
+    return with_checkpointing(model, model_cfg)
+
+
+def with_checkpointing(model, model_cfg):
+    """``model`` with gradient checkpointing (non-reentrant, no KV cache) when ``model.gradient_checkpointing``.
+    It runs only in train mode (transformers checks ``self.training``): see :func:`for_training`."""
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     return model
+
+
+def for_training(model, disable_dropout: bool):
+    """``model`` in train mode, dropout off when ``disable_dropout`` (config ``train.disable_dropout``).
+    ``from_pretrained`` returns eval mode, where transformers skips gradient checkpointing (and dropout); the
+    loops' no-grad passes and generation switch to eval and back (:func:`core.models.logprobs.chunked_logprobs`)."""
+    if disable_dropout:
+        _disable_dropout(model)
+    return model.train()
+
+
+def _disable_dropout(model) -> None:
+    """Every dropout probability 0: ``nn.Dropout`` modules, as Open-Instruct's ``disable_dropout_in_model`` and
+    TRL's ``disable_dropout_in_model`` do, and the attention dropout transformers' attention modules read from
+    their own ``attention_dropout`` attribute (Llama, Qwen2: copied from the config at build, 0.0 in the real
+    checkpoints), which those functions leave on."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
+    for k in ("attention_dropout", "hidden_dropout", "dropout"):
+        if hasattr(model.config, k):
+            setattr(model.config, k, 0.0)
 
 
 def _require(module: str, what: str) -> None:

@@ -34,7 +34,7 @@ def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad
     ZeRO-3, call it inside ``core.training.engine.model_init``."""
     from transformers import AutoModelForSequenceClassification
 
-    from core.models.loading import _require
+    from core.models.loading import _require, with_checkpointing
 
     attn = model_cfg.attn_implementation
     if attn == "flash_attention_2":
@@ -48,20 +48,7 @@ def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad
     if fresh_head and std is not None:
         with writable([model.score.weight]):  # ZeRO-3: gathered, initialised on rank 0, partitioned back
             torch.nn.init.normal_(model.score.weight, std=std)
-    if model_cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-    return model
-
-
-def disable_dropout(model) -> None:
-    """Dropout off everywhere (Open-Instruct disable_dropout_in_model, TRL disable_dropout=True)."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    for k in ("attention_dropout", "hidden_dropout", "dropout"):
-        if hasattr(model.config, k):
-            setattr(model.config, k, 0.0)
+    return with_checkpointing(model, model_cfg)
 
 
 def _parts(model):

@@ -22,6 +22,7 @@ from core.config.schema import RolloutConfig, node
 from core.models.loading import cached_build, load_causal_lm, load_tokenizer
 from core.models.packing import position_ids
 from core.rollout.batch import Sampling, left_pad
+from core.training.device import fork_rng
 
 
 def sft_batch(pairs: list[tuple[list[int], list[int]]], pad_id: int, device):
@@ -100,7 +101,7 @@ def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]],
         (out / "warm_start.json").write_text(json.dumps({"rounds": rounds, "loss": losses}, indent=1))
 
     def isolated(out: Path) -> None:  # the run's RNG streams must not depend on whether the start was cached
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with fork_rng(device):
             build(out)
 
     return cached_build("warm_start", key, isolated)

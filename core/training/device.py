@@ -29,6 +29,13 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def fork_rng(device: torch.device):
+    """``torch.random.fork_rng`` of the CPU generator and ``device``'s GPU only (none for a CPU or meta
+    ``device``): its default saves and restores the generator of every visible GPU, slow and warned about
+    on an 8-GPU node, where a rank draws only on its own."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+
+
 def resolve_device(spec: str) -> torch.device:
     """The run's device for the config value ``device`` (see the module docstring)."""
     spec = str(spec)

@@ -117,27 +117,3 @@ def test_penalties_edit_scored_samples_only():
         torch.testing.assert_close(s[1:], torch.full((2,), unscored), equal_nan=True)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_token_logprobs_equal_log_softmax_without_keeping_it(temperature, monkeypatch):
-    """``z_target - logsumexp(z)`` and the chunked no-grad entropy equal the log-softmax forms, values and
-    gradients; with an entropy bonus the entropy's gradient is the log-softmax form's too."""
-    from core.models import logprobs as L
-
-    monkeypatch.setattr(L, "ENTROPY_CHUNK", 3)  # 2 x 5 positions: chunks of 3, 3, 3 and 1
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 5, 11, generator=g, requires_grad=True)
-    targets = torch.randint(0, 11, (2, 5), generator=g)
-    ref_all = torch.log_softmax(logits / temperature, -1)
-    ref_lp = ref_all.gather(-1, targets[..., None]).squeeze(-1)
-    ref_ent = -(ref_all.exp() * ref_all).sum(-1)
-    for entropy_grad in (False, True):
-        lp, ent = L.token_logprobs(logits, targets, temperature, with_entropy=True, entropy_grad=entropy_grad)
-        torch.testing.assert_close(lp, ref_lp, atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(ent, ref_ent, atol=1e-6, rtol=1e-5)
-        assert ent.requires_grad == entropy_grad
-        w = torch.randn(2, 5, generator=g)
-        out = (lp * w).sum() + (ent.sum() if entropy_grad else 0)
-        want = (ref_lp * w).sum() + (ref_ent.sum() if entropy_grad else 0)
-        got_g, = torch.autograd.grad(out, logits)
-        want_g, = torch.autograd.grad(want, logits, retain_graph=True)
-        torch.testing.assert_close(got_g, want_g, atol=1e-6, rtol=1e-5)

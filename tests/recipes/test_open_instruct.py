@@ -42,6 +42,7 @@ IFEVAL_ROUTE = {"name": "ifeval", "kwargs": {"release_behaviour": True, "placeho
 COMMON = {
     "model.name_or_path": "allenai/Llama-3.1-Tulu-3-8B-DPO", "model.arch": "llama", "model.dtype": "bfloat16",
     "model.gradient_checkpointing": True, "model.attn_implementation": "flash_attention_2",
+    "train.disable_dropout": True,  # disable_dropout_in_model on every model
     "data.source": "hub", "data.hub_name": "allenai/RLVR-GSM-MATH-IF-Mixed-Constraints", "data.split": "train",
     "data.eval_split": "train", "data.prompt_key": "messages", "data.answer_key": "ground_truth",
     "data.chat_template": True, "data.chat_template_override": TULU_TEMPLATE, "data.system_prompt": None,

@@ -34,6 +34,7 @@ DEEPSEEK_TEMPLATE_SHA256 = "f7433633d77a4f705e0b2b8e37adc7c270240897a7d8be30c556
 # What every recipe inherits from TRL 0.18 (and transformers 4.52.3) where its YAML is silent.
 TRL_018 = {
     "model.arch": "qwen2", "model.dtype": "bfloat16", "model.gradient_checkpointing": True,
+    "train.disable_dropout": False,  # GRPOConfig.disable_dropout default
     "data.chat_template": True, "data.prompt_overflow": "truncate_left",
     "rollout.top_p": 1.0, "rollout.greedy": False, "rollout.stop_token_ids": [], "rollout.generate_ahead": 0,
     "advantage.name": "grpo", "advantage.unbiased_std": True, "advantage.eps": 1e-4, "advantage.whiten": "none",

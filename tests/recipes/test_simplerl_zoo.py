@@ -22,7 +22,7 @@ RECIPES = sorted(p.stem for p in (CONF_DIR / "recipe").glob("simplerl_zoo_*.yaml
 STOP_7B = [151645, 151643, 872, 77091, 1474, 71703, 151644, 8948]  # vllm_rollout.py, "qwen2.5" + "7b"
 EXACT_7B = {
     "seed": 1, "model.name_or_path": "Qwen/Qwen2.5-7B", "model.arch": "qwen2", "model.dtype": "bfloat16",
-    "model.gradient_checkpointing": True,
+    "model.gradient_checkpointing": True, "train.disable_dropout": False,  # veRL leaves dropout as loaded
     "data.source": "file", "data.prompt_key": "prompt.0.content", "data.answer_key": "reward_model.ground_truth",
     "data.eval_prompt_key": None, "data.eval_answer_key": None, "data.template": "{prompt}",
     "data.chat_template": False, "data.system_prompt": None, "data.max_prompt_chars": 1024,
