@@ -175,9 +175,10 @@ def model_path(model_cfg) -> str:
 
 # ----------------------------------------------------------------------------- measuring a phase
 def measure(fn, models) -> tuple[int, int]:
-    """``(peak bytes beyond the weights, FLOPs)`` of ``fn()``: activations, temporaries, logits, and each weight
-    gradient only while it is produced (:func:`grads_dropped`)."""
+    """``(peak bytes beyond the weights, FLOPs)`` of ``fn()`` running ``models``: activations, temporaries, logits,
+    and each weight gradient only while it is produced (:func:`grads_dropped`)."""
     tracker, flops = ActivationPeak(), total_flop_counter()
+    tracker.track_external(*[m for m in models if m is not None])
     with grads_dropped(models), flops, tracker:  # the tracker entered last: the counter adds nothing to its peak
         fn()
     return tracker.peak, flops.get_total_flops()
@@ -222,33 +223,30 @@ def _activation_peak_class():
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class _ActivationPeak(MemTracker):
-        """``MemTracker`` that keeps one figure: the peak of everything but parameters, buffers and optimiser state
-        (ZeRO-sharded: :func:`model_states` counts them). Its per-module peak snapshots (a deep copy per module per
-        op: minutes for a 70B) are skipped."""
+        """``MemTracker`` keeping one figure: the peak of everything but the models' parameters and buffers
+        (ZeRO-sharded: :func:`model_states` counts them). They are registered once (``track_external``), so its
+        per-module hooks, which re-walk a module's parameters and snapshot the memory on every call (minutes for a
+        70B), are off; so are its per-module peaks."""
 
         peak = 0
 
-        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-            # MemTracker hooks every parameter's gradient, which raises for a frozen one (the reference, LoRA's
-            # base): those are marked as hooked already, with handles that remove nothing
-            for p in module.parameters():
-                if not p.requires_grad:
-                    self._param_to_grad_hook_handles.setdefault(p, (_NO_HOOK, _NO_HOOK))
-            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+        def _pre_fw_hook(self, module, inputs) -> None:
+            pass
+
+        def _post_fw_hook(self, module, inputs, outputs) -> None:
+            pass
+
+        def _pre_bw_hook(self, module, args) -> None:
+            pass
+
+        def _post_bw_hook(self, module, args) -> None:
+            pass
 
         def _update_peak_stats(self, peak_state) -> None:
             for snap in self._curr_mem_snap.values():
                 self.peak = max(self.peak, sum(snap.get(k, 0) for k in ("Activation", "Temp", "Other", "Gradient")))
 
     return _ActivationPeak
-
-
-class _NoHook:
-    def remove(self) -> None:
-        pass
-
-
-_NO_HOOK = _NoHook()
 
 
 def ActivationPeak():  # noqa: N802 (a class built on first use: torch.distributed imports are slow)
@@ -277,7 +275,7 @@ def rl_phases(cfg, gpus: int):
     lp_rows, micro = int(cfg.train.logprob_micro_batch_size), int(cfg.train.micro_batch_size)
     roll = _rollout(max(lp_rows, micro), P, R)
     first = _rollout(lp_rows, P, R)
-    models = [run.engine.module, run.critic and run.critic.module]
+    models = [run.engine.module, run.ref and run.ref.module, run.critic and run.critic.module]
     act, flops = measure(lambda: rl.rollout_forwards(run, first), models)
     phases = [Phase("logprobs", act, flops, lp_rows, P + R)]
     fw = _forwards(roll, run)
@@ -291,24 +289,21 @@ def rl_phases(cfg, gpus: int):
 
 
 def _rl_run(cfg, gpus: int):
-    """A :class:`recipes.rl.Run` holding what one micro-step touches: the policy's and critic's engines (plain
-    torch: ZeRO's sharding is counted by :func:`model_states`), the frozen reference, the KL controller."""
+    """A :class:`recipes.rl.Run` holding what one micro-step touches: the models as :func:`recipes.rl.load_models`
+    builds them, the policy's and critic's engines (plain torch: ZeRO's sharding is counted by
+    :func:`model_states`), the frozen reference, the KL controller."""
     from core.algorithms.kl_control import KLController
     from core.config.schema import ZeroConfig, node
     from core.config.validate import rl_batch_plan
-    from core.models.critic import load_critic
-    from core.models.loading import load_causal_lm
     from core.training.engine import FrozenModel, TorchEngine
     from recipes import rl
 
-    plan, cpu, path = rl_batch_plan(cfg, gpus), torch.device("cpu"), model_path(cfg.model)
-    policy = load_causal_lm(path, cfg.model)
+    plan, cpu = rl_batch_plan(cfg, gpus), torch.device("cpu")
+    policy, ref, critic = rl.load_models(cfg, model_path(cfg.model))
     engine = TorchEngine(policy, cfg.optim, 1, plan["grad_accum"], cpu)
-    ref = FrozenModel(load_causal_lm(path, cfg.model), node(ZeroConfig), cpu) if rl._wants_reference(cfg.kl) else None
-    critic = None
-    if "critic" in cfg.advantage:
-        critic = TorchEngine(load_critic(path, cfg.advantage.critic, cfg.model), rl._critic_optim(cfg), 1,
-                             plan["grad_accum"], cpu)
+    ref = FrozenModel(ref, node(ZeroConfig), cpu) if ref is not None else None
+    if critic is not None:
+        critic = TorchEngine(critic, rl._critic_optim(cfg), 1, plan["grad_accum"], cpu)
     return rl.Run(cfg, None, plan, [], [], [], [], None, cpu, engine, ref, None, None, None, None, None,
                   critic=critic, kl_ctl=KLController(cfg.kl))
 
@@ -446,9 +441,10 @@ def table(report: dict) -> list[str]:
         out.append(f"{name:<10} {p['rows']:>6} x {p['tokens_per_row']:<6} {_gib(p['activation_bytes']):>12} "
                    f"{_gib(p['peak_bytes']):>9} {p['flops'] / 1e12:>9.1f}")
     worst = max(report["phases"].items(), key=lambda kv: kv[1]["peak_bytes"])
-    parts = {**{k: v for k, v in res.items() if k != "vllm_awake"}, "activations": worst[1]["activation_bytes"]}
-    if worst[0] == "generate":
-        parts = {**parts, "vllm_training": res["vllm_awake"], "activations": 0}
+    generating = worst[0] == "generate"
+    parts = {"model_states": res["model_states"] + res["critic_states"], "reference": res["reference"],
+             "vllm": res["vllm_awake"] if generating else res["vllm_training"],
+             "activations": 0 if generating else worst[1]["activation_bytes"]}
     top = max(parts, key=parts.get)
     verdict = "fits" if report["fits"] else "does NOT fit"
     out.append(f"per GPU {_gib(report['per_gpu_bytes'])} GiB at {worst[0]} (largest part: {top} "

@@ -122,12 +122,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
                                     int(cfg.rollout.max_new_tokens)))
     total_updates = int(cfg.train.total_steps) * plan["optimizer_steps_per_rl_step"]
     with model_init(cfg.zero, dtype):  # ZeRO-3: every weight partitioned as it loads
-        # train mode: transformers checkpoints gradients only there, and from_pretrained returns eval mode; the
-        # no-grad passes and generation switch to eval and back. The reference stays in eval (FrozenModel).
-        policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
-        ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
-        critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model), cfg.train.disable_dropout)
-                  if "critic" in cfg.advantage else None)
+        policy, ref, critic = load_models(cfg, path)
     engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)
     if critic is not None:
         critic = _train_engine(critic, cfg, _critic_optim(cfg), total_updates, plan, device)
@@ -145,6 +140,18 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     else:
         run.writer.rewind(0, 0)  # resume=auto without a checkpoint: a killed attempt's records go
     return run
+
+
+def load_models(cfg, path: str):
+    """``(policy, reference or None, critic or None)`` from ``path``, as the loop trains them (``python -m
+    recipes.probe`` builds them the same way). Train mode: transformers checkpoints gradients only there, and
+    from_pretrained returns eval mode; the no-grad passes and generation switch to eval and back. The reference stays
+    in eval (FrozenModel)."""
+    policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
+    ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
+    critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model), cfg.train.disable_dropout)
+              if "critic" in cfg.advantage else None)
+    return policy, ref, critic
 
 
 def _wants_reference(kl_cfg) -> bool:
