@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from unittest import mock
 
 import torch
+from torch.distributed._tools.mem_tracker import MemTracker
 
 from core.errors import InputError
 from core.registry import Registry
@@ -63,7 +64,7 @@ def probe(overrides: list[str], fake: bool = True) -> dict:
     start = time.perf_counter()
     # a ShapeEnv lets the loops' .item() metrics return symbols instead of failing on data-less tensors
     tensors = FakeTensorMode(shape_env=ShapeEnv()) if fake else contextlib.nullcontext()
-    with tensors, configs_only(cfg.model), flash_like_attention(), torch.random.fork_rng():
+    with tensors, configs_only(cfg), flash_like_attention(), torch.random.fork_rng():
         phases, models = PHASES.get(cfg.loop)(cfg, gpus)
     res = resident(cfg, models, gpus)
     training = sum(v for k, v in res.items() if k != "vllm_awake")
@@ -113,7 +114,7 @@ TINY = "<tiny>"  # what the loaders are given for a locally built tiny model (mo
 
 
 @contextlib.contextmanager
-def configs_only(model_cfg):
+def configs_only(cfg):
     """``from_pretrained`` of the Auto classes builds the model from its local config (core/models/shapes.py; a
     tiny model's from ``model.tiny``) with random (here: fake) weights and returns it in eval mode, as
     ``from_pretrained`` does; every other step of the loaders (dtype, attention, checkpointing, heads, dropout,
@@ -123,9 +124,12 @@ def configs_only(model_cfg):
     from core.models.loading import _tiny_config, build_char_tokenizer
     from core.models.shapes import local_config
 
+    model_cfg, critic = cfg.model, cfg.get("advantage", {}).get("critic") or {}
+    keys = {critic.get("init_from"): "advantage.critic.init_from"}  # which setting named a checkpoint, for errors
+
     def config_of(path: str):
         if path != TINY:
-            return local_config(path)
+            return local_config(path, keys.get(path, "model.name_or_path"))
         return _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))
 
     def from_pretrained(cls, path, *args, output_loading_info=False, num_labels=None, **kwargs):
@@ -219,38 +223,29 @@ def grads_dropped(models):
             h.remove()
 
 
-def _activation_peak_class():
-    from torch.distributed._tools.mem_tracker import MemTracker
+class ActivationPeak(MemTracker):
+    """``MemTracker`` keeping one figure: the peak of everything but the models' parameters and buffers (ZeRO-sharded:
+    :func:`model_states` counts them). They are registered once (``track_external``), so its per-module hooks, which
+    re-walk a module's parameters and snapshot the memory on every call (minutes for a 70B), are off; so are its
+    per-module peaks."""
 
-    class _ActivationPeak(MemTracker):
-        """``MemTracker`` keeping one figure: the peak of everything but the models' parameters and buffers
-        (ZeRO-sharded: :func:`model_states` counts them). They are registered once (``track_external``), so its
-        per-module hooks, which re-walk a module's parameters and snapshot the memory on every call (minutes for a
-        70B), are off; so are its per-module peaks."""
+    peak = 0
 
-        peak = 0
+    def _pre_fw_hook(self, module, inputs) -> None:
+        pass
 
-        def _pre_fw_hook(self, module, inputs) -> None:
-            pass
+    def _post_fw_hook(self, module, inputs, outputs) -> None:
+        pass
 
-        def _post_fw_hook(self, module, inputs, outputs) -> None:
-            pass
+    def _pre_bw_hook(self, module, args) -> None:
+        pass
 
-        def _pre_bw_hook(self, module, args) -> None:
-            pass
+    def _post_bw_hook(self, module, args) -> None:
+        pass
 
-        def _post_bw_hook(self, module, args) -> None:
-            pass
-
-        def _update_peak_stats(self, peak_state) -> None:
-            for snap in self._curr_mem_snap.values():
-                self.peak = max(self.peak, sum(snap.get(k, 0) for k in ("Activation", "Temp", "Other", "Gradient")))
-
-    return _ActivationPeak
-
-
-def ActivationPeak():  # noqa: N802 (a class built on first use: torch.distributed imports are slow)
-    return _activation_peak_class()()
+    def _update_peak_stats(self, peak_state) -> None:
+        for snap in self._curr_mem_snap.values():
+            self.peak = max(self.peak, sum(snap.get(k, 0) for k in ("Activation", "Temp", "Other", "Gradient")))
 
 
 # ----------------------------------------------------------------------------- the RL loop's phases
@@ -273,11 +268,10 @@ def rl_phases(cfg, gpus: int):
     run = _rl_run(cfg, gpus)
     P, R = prompt_tokens(cfg), int(cfg.rollout.max_new_tokens)
     lp_rows, micro = int(cfg.train.logprob_micro_batch_size), int(cfg.train.micro_batch_size)
-    roll = _rollout(max(lp_rows, micro), P, R)
-    first = _rollout(lp_rows, P, R)
     models = [run.engine.module, run.ref and run.ref.module, run.critic and run.critic.module]
-    act, flops = measure(lambda: rl.rollout_forwards(run, first), models)
+    act, flops = measure(lambda: rl.rollout_forwards(run, _rollout(lp_rows, P, R)), models)
     phases = [Phase("logprobs", act, flops, lp_rows, P + R)]
+    roll = _rollout(micro, P, R)
     fw = _forwards(roll, run)
     mask = roll.response_mask.float()  # [n, R]
     adv = ret = torch.zeros_like(mask)  # [n, R]
@@ -459,7 +453,8 @@ def _gib(b: int) -> str:
 def main(argv: list[str]) -> None:
     as_json = "--json" in argv
     try:
-        report = probe([a for a in argv if a != "--json"])
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout on import; stdout is the report's
+            report = probe([a for a in argv if a != "--json"])
     except InputError as e:
         sys.exit(f"{type(e).__name__}: {e}")
     print(json.dumps(report, indent=1) if as_json else "\n".join(table(report)))

@@ -98,6 +98,8 @@ def test_fake_memory_equals_a_real_run_of_the_same_code(overrides):
     (["recipe=simplerl_zoo_7b", "hardware=tpu_v9"], "hardware=tpu_v9: no such hardware; available: a100_80g_1x8"),
     (["recipe=simplerl_zoo_7b", "model.name_or_path=org/unknown-7b"],
      "model.name_or_path=org/unknown-7b: no local config.json of that checkpoint; known: OpenRLHF/"),
+    (["recipe=open_instruct_rlvr_8b", "advantage.critic.init_from=org/rm-8b"],
+     "advantage.critic.init_from=org/rm-8b: no local config.json"),
     (["recipe=tiny_math_grpo"], "data.max_prompt_tokens=null and rollout.vllm.max_model_len=null"),
 ])
 def test_bad_input_says_what_and_what_is_expected(overrides, says):
