@@ -14,7 +14,7 @@ C ?= constraints/gpu.txt
 
 .DEFAULT_GOAL := help
 .PHONY: help venv demo test test-slow test-gpu test-all test-min test-constraints check-gpu-constraints bench gpu-smoke \
-        compare clean
+        probe compare clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-22s %s\n", $$1, $$2}'
@@ -57,6 +57,12 @@ bench: $(STAMP) ## Run the benchmarks (see docs/performance.md)
 
 gpu-smoke: ## On a CUDA machine: a Qwen2.5-0.5B-shaped model through the RL loop (zero none/2/3), packed vs padded in bf16, throughput and MFU
 	$(SMOKE_PY) -m bench.gpu_smoke
+
+# The recipes `make probe` probes (RECIPES=name ... for some): every named one, the tiny ones aside.
+RECIPES ?= $(filter-out tiny_%,$(basename $(notdir $(wildcard conf/recipe/*.yaml))))
+
+probe: $(STAMP) ## Per-GPU memory and FLOPs of each named recipe at its real shapes on its source's GPUs, on this CPU
+	@for r in $(RECIPES); do $(BIN)/python -m recipes.probe recipe=$$r || exit 1; echo; done
 
 compare: $(STAMP) ## Print the results table of finished runs as markdown
 	$(BIN)/python -m recipes.compare

@@ -20,6 +20,7 @@ fp32 master weights. Under ZeRO-3 every model is built partitioned (``core.train
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -121,15 +122,8 @@ def setup(cfg, run_dir: str | None = None) -> Run:
         path = str(warm_started_dir(path, cfg.model, cfg.train.warm_start, train_ids, answers, device, verifier,
                                     int(cfg.rollout.max_new_tokens)))
     total_updates = int(cfg.train.total_steps) * plan["optimizer_steps_per_rl_step"]
-    with model_init(cfg.zero, dtype):  # ZeRO-3: every weight partitioned as it loads
-        # train mode: transformers checkpoints gradients only there, and from_pretrained returns eval mode; the
-        # no-grad passes and generation switch to eval and back. The reference stays in eval (FrozenModel).
-        policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
-    with model_init(cfg.zero, dtype, reference=True):  # its own placement: zero.offload_reference
-        ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
-    with model_init(cfg.zero, dtype):
-        critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model), cfg.train.disable_dropout)
-                  if "critic" in cfg.advantage else None)
+    # ZeRO-3: every weight partitioned as it loads; the reference under its own config (zero.offload_reference)
+    policy, ref, critic = load_models(cfg, path, lambda reference: model_init(cfg.zero, dtype, reference=reference))
     engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)
     if critic is not None:
         critic = _train_engine(critic, cfg, _critic_optim(cfg), total_updates, plan, device)
@@ -147,6 +141,23 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     else:
         run.writer.rewind(0, 0)  # resume=auto without a checkpoint: a killed attempt's records go
     return run
+
+
+def load_models(cfg, path: str, placed=None):
+    """``(policy, reference or None, critic or None)`` from ``path``, as the loop trains them (``python -m
+    recipes.probe`` builds them the same way). ``placed(reference)`` is the context each is built in (the loop's
+    :func:`core.training.engine.model_init`; the probe builds them whole). Train mode: transformers checkpoints
+    gradients only there, and from_pretrained returns eval mode; the no-grad passes and generation switch to eval
+    and back. The reference stays in eval (FrozenModel)."""
+    placed = placed or (lambda reference: contextlib.nullcontext())
+    with placed(False):
+        policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
+    with placed(True):
+        ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
+    with placed(False):
+        critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model), cfg.train.disable_dropout)
+                  if "critic" in cfg.advantage else None)
+    return policy, ref, critic
 
 
 def _wants_reference(kl_cfg) -> bool:

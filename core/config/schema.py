@@ -58,6 +58,7 @@ class Config:
     logger: Any = None
     scale: Any = None
     layout: Any = None
+    hardware: Any = None
     source: "SourceConfig" = field(default_factory=lambda: SourceConfig())  # what a named recipe reproduces
 
 
@@ -455,6 +456,18 @@ class LayoutConfig:
     rollout_gpus: int = ck(0, NONNEG)
 
 
+@dataclass
+class HardwareConfig:
+    """The GPUs a recipe's source ran on (conf/hardware/): what ``python -m recipes.probe`` checks its per-GPU memory
+    against. ``memory_gib`` is the card's total as ``nvidia-smi`` reports it. RL learners are ``layout.learner_gpus``
+    of these; the reward-model loop runs data-parallel on all ``nodes x gpus_per_node``."""
+
+    name: str = "?"  # the GPU model, as the source names it
+    memory_gib: float = ck(80.0, above(0))
+    nodes: int = ck(1, POS)
+    gpus_per_node: int = ck(8, POS)
+
+
 # group/name under ``schema/`` -> dataclass; a group YAML names one in its defaults list.
 SCHEMAS: dict[str, type] = {
     "config": Config,
@@ -476,6 +489,7 @@ SCHEMAS: dict[str, type] = {
     "logger/logger": LoggerConfig,
     "scale/scale": ScaleConfig,
     "layout/layout": LayoutConfig,
+    "hardware/hardware": HardwareConfig,
 }
 
 

@@ -1,0 +1,464 @@
+"""``python -m recipes.probe recipe=NAME [overrides] [--json]``: a recipe's per-GPU memory and FLOPs at its real shapes,
+on a CPU, before any GPU-hour is spent.
+
+The project's own code runs one micro-step of each phase on fake tensors (``torch._subclasses.FakeTensorMode``:
+shapes, dtypes and storage sizes, no data, nothing allocated), at the recipe's model config (core/models/shapes.py,
+no hub needed), lengths and micro-batches:
+
+- ``logprobs``: :func:`recipes.rl.rollout_forwards` on ``train.logprob_micro_batch_size`` rows of max prompt + max
+  new tokens: old policy (when the loop needs it), reference, critic values, no grad;
+- ``update``: :func:`recipes.rl.micro_step` on ``train.micro_batch_size`` rows: the policy's forward, its loss
+  (``compute_policy_loss``) and backward, then the critic's (PPO);
+- ``rm_update`` (reward-model loop): the pair forward, ``bt_loss`` and backward of ``train.micro_batch_size`` pairs
+  of ``train.max_len`` tokens.
+
+The models come from the loops' own loaders (``load_causal_lm``, ``load_critic``, ``recipes.rm.build_model``),
+whose ``from_pretrained`` builds from the local config instead of reading weights (:func:`configs_only`), so
+dtype, gradient checkpointing, dropout and LoRA are what a run gets. Attention is ``sdpa`` (flash-attn needs CUDA);
+its flash kernel keeps O(T) memory per layer as flash-attn does. ``MemTracker``
+(``torch.distributed._tools.mem_tracker``) records the peak of activations and temporaries; ``FlopCounterMode``
+counts FLOPs. Model states are ZeRO-sharded per GPU by DeepSpeed's own estimators (:func:`model_states`), and the
+frozen reference, the critic and the colocated vLLM reservation are added per GPU (:func:`resident`).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from unittest import mock
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from core.errors import InputError
+from core.registry import Registry
+
+GiB = 2 ** 30
+# The probe's own settings over the recipe's: sdpa attention (flash-attn runs on CUDA only; same O(T) memory).
+PROBE_OVERRIDES = ["model.attn_implementation=sdpa"]
+
+
+@dataclass
+class Phase:
+    name: str
+    activations: int  # peak bytes beyond the model states: activations, temporaries, logits
+    flops: int
+    rows: int  # rows of the micro-step (RM: sequences, chosen and rejected)
+    tokens: int  # tokens per row
+
+
+# loop -> fn(cfg, gpus) -> (list[Phase], models): the phases of one micro-step of that loop
+PHASES: Registry = Registry("loop")
+
+
+def probe(overrides: list[str], fake: bool = True) -> dict:
+    """The report of ``overrides`` (a recipe and any keys): phases, resident memory per GPU, total, fit.
+    ``fake=False`` runs the same code on real tensors (a tiny model: the tests hold the fake figures to it)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    cfg = compose(overrides)
+    hw, gpus = cfg.hardware, shard_gpus(cfg)
+    start = time.perf_counter()
+    # a ShapeEnv lets the loops' .item() metrics return symbols instead of failing on data-less tensors
+    tensors = FakeTensorMode(shape_env=ShapeEnv()) if fake else contextlib.nullcontext()
+    with tensors, configs_only(cfg), flash_like_attention(), torch.random.fork_rng():
+        phases, models = PHASES.get(cfg.loop)(cfg, gpus)
+    res = resident(cfg, models, gpus)
+    training = sum(v for k, v in res.items() if k != "vllm_awake")
+    per_phase = {p.name: {"peak_bytes": training + p.activations, "activation_bytes": p.activations,
+                          "flops": p.flops, "rows": p.rows, "tokens_per_row": p.tokens} for p in phases}
+    if res["vllm_awake"]:  # generation: the trainer's states stay, vLLM takes its reservation
+        per_phase["generate"] = {"peak_bytes": training - res["vllm_training"] + res["vllm_awake"],
+                                 "activation_bytes": 0, "flops": 0, "rows": 0, "tokens_per_row": 0}
+    per_gpu = max(p["peak_bytes"] for p in per_phase.values())
+    return {"recipe": cfg.recipe_name, "hardware": {"name": hw.name, "memory_gib": float(hw.memory_gib),
+                                                    "gpus": gpus, "nodes": int(hw.nodes)},
+            "model": cfg.model.name_or_path, "phases": per_phase, "resident_bytes": res,
+            "per_gpu_bytes": per_gpu, "fits": per_gpu <= float(hw.memory_gib) * GiB,
+            "probe_seconds": round(time.perf_counter() - start, 1)}
+
+
+def compose(overrides: list[str]):
+    """The recipe's final config as a run would check it (in a world of its learners), with :data:`PROBE_OVERRIDES`;
+    an unknown recipe or hardware profile names the available ones."""
+    from hydra.errors import MissingConfigException
+
+    from core.config.composition import compose as hydra_compose
+    from core.config.validate import final_config
+    from core.paths import CONF_DIR
+
+    try:
+        cfg = hydra_compose(PROBE_OVERRIDES + overrides, with_hydra=True)
+    except MissingConfigException as e:
+        group = next((g for g in ("recipe", "hardware") if f"'{g}/" in str(e) or f"{g}=" in str(e)), None)
+        if group is None:
+            raise
+        given = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == group)
+        names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        raise InputError(f"{group}={given}: no such {group}; available: {', '.join(names)}") from None
+    return final_config(cfg, world=int(cfg.layout.learner_gpus), packages=False)
+
+
+def shard_gpus(cfg) -> int:
+    """GPUs the trained model is sharded over: the layout's learners (RL), every GPU of the hardware (RM)."""
+    if cfg.loop == "rl":
+        return int(cfg.layout.learner_gpus)
+    return int(cfg.hardware.nodes) * int(cfg.hardware.gpus_per_node)
+
+
+# ----------------------------------------------------------------------------- models without weights
+TINY = "<tiny>"  # what the loaders are given for a locally built tiny model (model.tiny)
+
+
+@contextlib.contextmanager
+def configs_only(cfg):
+    """``from_pretrained`` of the Auto classes builds the model from its local config (core/models/shapes.py; a
+    tiny model's from ``model.tiny``) with random (here: fake) weights and returns it in eval mode, as
+    ``from_pretrained`` does; every other step of the loaders (dtype, attention, checkpointing, heads, dropout,
+    LoRA) runs as in a run."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from core.models.loading import _tiny_config, build_char_tokenizer
+    from core.models.shapes import local_config
+
+    model_cfg, critic = cfg.model, cfg.get("advantage", {}).get("critic") or {}
+    keys = {critic.get("init_from"): "advantage.critic.init_from"}  # which setting named a checkpoint, for errors
+
+    def config_of(path: str):
+        if path != TINY:
+            return local_config(path, keys.get(path, "model.name_or_path"))
+        return _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))
+
+    def from_pretrained(cls, path, *args, output_loading_info=False, num_labels=None, **kwargs):
+        config = config_of(str(path))
+        if num_labels is not None:
+            config.num_labels = num_labels
+        model = cls.from_config(config, **kwargs).eval()
+        fresh = {"missing_keys": [n for n, _ in model.named_parameters() if n.startswith("score.")]}
+        return (model, fresh) if output_loading_info else model
+
+    with contextlib.ExitStack() as stack:
+        for cls in (AutoModelForCausalLM, AutoModelForSequenceClassification):
+            stack.enter_context(mock.patch.object(cls, "from_pretrained", classmethod(from_pretrained)))
+        # every model is built on this CPU, so the engines' .to(cpu) has nothing to move; done by Module._apply it
+        # would try to swap each fake parameter, which fails for tied ones (embeddings = LM head)
+        stack.enter_context(mock.patch.object(torch.nn.Module, "to", lambda self, *a, **k: self))
+        yield
+
+
+@contextlib.contextmanager
+def flash_like_attention():
+    """sdpa without a ``T x T`` mask, as flash-attn runs: the probe's rows are full length (no padding), for which a
+    real run skips the mask and calls sdpa with ``is_causal`` (HF ``_ignore_causal_mask_sdpa``), but HF cannot read a
+    fake mask and would build one; a packed row runs as one causal sequence (flash-attn's varlen kernel needs no
+    mask either; its memory is the same O(T), its attention FLOPs those of the per-sequence squares)."""
+    from transformers import masking_utils
+
+    with mock.patch.object(masking_utils, "_ignore_causal_mask_sdpa", lambda *a, **k: True), \
+            mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
+
+
+def copies_stay_fake():
+    """Deep copies made while a model is built (peft's ``modules_to_save``) in the active fake mode, not a new one
+    (``FakeCopyMode``); nothing to do on real tensors."""
+    from torch._guards import active_fake_mode
+    from torch._subclasses.fake_tensor import FakeCopyMode
+
+    mode = active_fake_mode()
+    return FakeCopyMode(mode) if mode is not None else contextlib.nullcontext()
+
+
+def model_path(model_cfg) -> str:
+    """What the loaders are given: the hub name, or :data:`TINY` for a locally built tiny model."""
+    return str(model_cfg.name_or_path) if model_cfg.name_or_path else TINY
+
+
+# ----------------------------------------------------------------------------- measuring a phase
+def measure(fn, models) -> tuple[int, int]:
+    """``(peak bytes beyond the weights, FLOPs)`` of ``fn()`` running ``models``: activations, temporaries, logits,
+    and each weight gradient only while it is produced (:func:`grads_dropped`)."""
+    tracker, flops = ActivationPeak(), total_flop_counter()
+    tracker.track_external(*[m for m in models if m is not None])
+    with grads_dropped(models), flops, tracker:  # the tracker entered last: the counter adds nothing to its peak
+        fn()
+    return tracker.peak, flops.get_total_flops()
+
+
+def total_flop_counter():
+    """``FlopCounterMode`` counting the total only, sdpa's CPU kernels included. Its ``ModuleTracker`` attributes FLOPs
+    to modules through autograd hooks that keep module outputs alive into backward: twice the peak memory of a
+    4-layer model here. Its table has no formula for the CPU flash kernel the probe runs; torch's own sdpa formulas
+    (the full ``T x T`` square, as it counts the CUDA kernels) are given for it."""
+    from torch.utils import flop_counter as F
+
+    aten = torch.ops.aten
+    counter = F.FlopCounterMode(display=False, custom_mapping={
+        aten._scaled_dot_product_flash_attention_for_cpu:
+            lambda q, k, v, *_, out_val=None, **__: F.sdpa_flop_count(q, k, v),
+        aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            lambda g, q, k, v, *_, out_val=None, **__: F.sdpa_backward_flop_count(g, q, k, v)})
+    counter.mod_tracker = _GlobalOnly()
+    return counter
+
+
+class _GlobalOnly(contextlib.nullcontext):
+    parents = frozenset({"Global"})  # FlopCounterMode adds each op's FLOPs to every parent module named here
+
+
+@contextlib.contextmanager
+def grads_dropped(models):
+    """Each weight gradient freed as soon as it is accumulated: ZeRO-2/3 reduce-scatter a gradient bucket and free
+    it (the shard they keep is in :func:`model_states`, as is stage 0's whole gradient), so the gradients of a
+    whole model never pile up during backward as they would on the plain engine here."""
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+             for m in models if m is not None for p in m.parameters() if p.requires_grad]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+class ActivationPeak(MemTracker):
+    """``MemTracker`` keeping one figure: the peak of everything but the models' parameters and buffers (ZeRO-sharded:
+    :func:`model_states` counts them). They are registered once (``track_external``), so its per-module hooks, which
+    re-walk a module's parameters and snapshot the memory on every call (minutes for a 70B), are off; so are its
+    per-module peaks."""
+
+    peak = 0
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        pass
+
+    def _post_fw_hook(self, module, inputs, outputs) -> None:
+        pass
+
+    def _pre_bw_hook(self, module, args) -> None:
+        pass
+
+    def _post_bw_hook(self, module, args) -> None:
+        pass
+
+    def _update_peak_stats(self, peak_state) -> None:
+        for snap in self._curr_mem_snap.values():
+            self.peak = max(self.peak, sum(snap.get(k, 0) for k in ("Activation", "Temp", "Other", "Gradient")))
+
+
+# ----------------------------------------------------------------------------- the RL loop's phases
+def prompt_tokens(cfg) -> int:
+    """Max prompt tokens: ``data.max_prompt_tokens``, else vLLM's ``max_model_len`` minus the new tokens."""
+    if cfg.data.get("max_prompt_tokens"):
+        return int(cfg.data.max_prompt_tokens)
+    vllm = cfg.rollout.get("vllm")
+    if vllm is not None and vllm.max_model_len:
+        return int(vllm.max_model_len) - int(cfg.rollout.max_new_tokens)
+    raise InputError("data.max_prompt_tokens=null and rollout.vllm.max_model_len=null: the probe needs the longest "
+                     "prompt; set data.max_prompt_tokens")
+
+
+@PHASES.register("rl")
+def rl_phases(cfg, gpus: int):
+    """``logprobs`` and ``update`` of recipes/rl.py, each on fake rows of full length."""
+    from recipes import rl
+
+    run = _rl_run(cfg, gpus)
+    P, R = prompt_tokens(cfg), int(cfg.rollout.max_new_tokens)
+    lp_rows, micro = int(cfg.train.logprob_micro_batch_size), int(cfg.train.micro_batch_size)
+    models = [run.engine.module, run.ref and run.ref.module, run.critic and run.critic.module]
+    act, flops = measure(lambda: rl.rollout_forwards(run, _rollout(lp_rows, P, R)), models)
+    phases = [Phase("logprobs", act, flops, lp_rows, P + R)]
+    roll = _rollout(micro, P, R)
+    fw = _forwards(roll, run)
+    mask = roll.response_mask.float()  # [n, R]
+    adv = ret = torch.zeros_like(mask)  # [n, R]
+    act, flops = measure(lambda: rl.micro_step(run, roll, torch.arange(micro), mask, adv, ret, fw, _agg(cfg, run, mask)),
+                         models)
+    phases.append(Phase("update", act, flops, micro, P + R))
+    return phases, {"policy": run.engine.module, "reference": run.ref and run.ref.module,
+                    "critic": run.critic and run.critic.module}
+
+
+def _rl_run(cfg, gpus: int):
+    """A :class:`recipes.rl.Run` holding what one micro-step touches: the models as :func:`recipes.rl.load_models`
+    builds them, the policy's and critic's engines (plain torch: ZeRO's sharding is counted by
+    :func:`model_states`), the frozen reference, the KL controller."""
+    from core.algorithms.kl_control import KLController
+    from core.config.schema import ZeroConfig, node
+    from core.config.validate import rl_batch_plan
+    from core.training.engine import FrozenModel, TorchEngine
+    from recipes import rl
+
+    plan, cpu = rl_batch_plan(cfg, gpus), torch.device("cpu")
+    policy, ref, critic = rl.load_models(cfg, model_path(cfg.model))
+    engine = TorchEngine(policy, cfg.optim, 1, plan["grad_accum"], cpu)
+    ref = FrozenModel(ref, node(ZeroConfig), cpu) if ref is not None else None
+    if critic is not None:
+        critic = TorchEngine(critic, rl._critic_optim(cfg), 1, plan["grad_accum"], cpu)
+    return rl.Run(cfg, None, plan, [], [], [], [], None, cpu, engine, ref, None, None, None, None, None,
+                  critic=critic, kl_ctl=KLController(cfg.kl))
+
+
+def _rollout(n: int, P: int, R: int):
+    """``n`` rows of a full-length rollout: every prompt and response token real (the longest micro-batch)."""
+    from core.rollout import RolloutBatch
+
+    ids = torch.zeros(n, P + R, dtype=torch.long)  # [n, P+R]
+    return RolloutBatch(ids, torch.ones_like(ids), torch.ones(n, R, dtype=torch.long), torch.zeros(n, R),
+                        ["length"] * n, P)
+
+
+def _forwards(roll, run):
+    """The rollout-phase log-probs and values the update reads: as many as the loop would have."""
+    from recipes import rl
+
+    lp = roll.logprobs  # [n, R]
+    return rl.Forwards(old=torch.zeros_like(lp), ref=torch.zeros_like(lp) if run.ref is not None else None,
+                       values=torch.zeros_like(lp) if run.critic is not None else None, rollout=lp)
+
+
+def _agg(cfg, run, mask):
+    from core.algorithms.loss import AggContext
+
+    return AggContext(num_micro_batches=run.plan["grad_accum"], step_tokens=float(mask.numel() * run.plan["grad_accum"]),
+                      world_size=run.plan["world_size"], max_tokens=int(cfg.rollout.max_new_tokens))
+
+
+# ----------------------------------------------------------------------------- the reward-model loop's phase
+@PHASES.register("rm")
+def rm_phases(cfg, gpus: int):
+    """``rm_update``: recipes/rm.py's micro-step (pair forward, Bradley-Terry loss, backward) on ``micro`` pairs of
+    ``train.max_len`` tokens, packed or padded as ``train.packing`` says."""
+    from core.models import reward_model as RM
+    from core.training.engine import TorchEngine
+    from recipes import rm
+
+    t, cpu = cfg.train, torch.device("cpu")
+
+    class _Tokenizer:  # build_model reads only the pad id
+        pad_token_id = 0
+
+    with copies_stay_fake():  # LoRA's modules_to_save deep-copies the score head
+        model = rm.build_model(model_path(cfg.model), cfg, _Tokenizer())
+    engine = TorchEngine(model, cfg.optim, 1, 1, cpu)
+    L, micro = int(t.max_len), int(t.micro_batch_size)
+    pairs = [{"chosen": [0] * L, "rejected": [0] * L} for _ in range(micro)]
+    batch = RM.packed_batch(pairs) if t.packing else RM.pair_batch(pairs, 0, t.padding_side)
+
+    def step():
+        r = engine.forward(RM.sequence_rewards, batch)  # [2 x micro]
+        engine.backward(RM.bt_loss(r, batch["margin"], t.loss)[0])
+
+    act, flops = measure(step, [engine.module])
+    return [Phase("rm_update", act, flops, 2 * micro, L)], {"policy": engine.module, "reference": None, "critic": None}
+
+
+# ----------------------------------------------------------------------------- resident memory per GPU
+def param_counts(model) -> tuple[int, int, int]:
+    """``(trainable, frozen, largest layer)`` parameter counts; tied weights once, the largest layer as DeepSpeed's
+    ``estimate_zero3_model_states_mem_needs_all_live`` takes it (the most parameters one module owns directly)."""
+    seen = {}
+    for p in model.parameters():
+        seen.setdefault(id(p), p)
+    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
+    frozen = sum(p.numel() for p in seen.values() if not p.requires_grad)
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return trainable, frozen, largest
+
+
+def model_states(model, zero, gpus: int) -> int:
+    """Bytes per GPU of a trained model's weights, gradients, fp32 master weights and Adam moments.
+
+    ZeRO-2 and -3: DeepSpeed's estimators (deepspeed/runtime/zero/stage_1_and_2.py
+    ``estimate_zero2_model_states_mem_needs``: ``2N + 18N/g``; stage3.py ``estimate_zero3_model_states_mem_needs``:
+    ``18N/g`` + 4 x the largest layer gathered, ``2N/g`` with the optimiser offloaded, the layer only with the
+    parameters offloaded too). ZeRO-1 partitions the optimiser only: ``4N + 16N/g``. Stage 0 (the plain engine,
+    core/training/engine.py): bf16 weights and gradients, fp32 master copies and their gradients, Adam: ``20N``.
+    Frozen parameters (LoRA's base) cost their 2 bytes, sharded under ZeRO-3 only."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    n, frozen, largest = param_counts(model)
+    stage, offload = int(zero.stage), bool(zero.offload_optimizer)
+    frozen_bytes = 2 * frozen // (gpus if stage == 3 else 1)
+    if stage == 3:
+        return frozen_bytes + estimate_zero3_model_states_mem_needs(
+            n, largest, num_gpus_per_node=gpus, cpu_offload=offload, cpu_offload_params=bool(zero.offload_param))[1]
+    if stage == 2:
+        return frozen_bytes + estimate_zero2_model_states_mem_needs(n, num_gpus_per_node=gpus, cpu_offload=offload)[1]
+    if stage == 1:
+        return frozen_bytes + 4 * n + (0 if offload else 16 * n // gpus)
+    return frozen_bytes + 20 * n
+
+
+def frozen_bytes(model, zero, gpus: int) -> int:
+    """The reference policy per GPU: whole in its dtype (stages 0-2, as TRL keeps it), a shard under ZeRO-3 (plus the
+    layer it gathers), nothing but that layer when ``zero.offload_reference`` keeps the shards in CPU memory."""
+    _, n, largest = param_counts(model)
+    if int(zero.stage) != 3:
+        return 2 * n
+    return 2 * largest + (0 if zero.offload_reference else 2 * n // gpus)
+
+
+def vllm_bytes(cfg) -> tuple[int, int]:
+    """``(awake, during training)`` bytes of a vLLM colocated on a learner GPU: ``gpu_memory_utilization`` x the GPU
+    while it generates; while the trainer runs, nothing if it sleeps (level 1 offloads the weights to CPU memory
+    and frees the KV cache, level 2 discards both: docs/vllm.md), else the same. Dedicated vLLM GPUs: none here."""
+    if cfg.loop != "rl" or cfg.rollout.engine != "vllm":
+        return 0, 0
+    v = cfg.rollout.vllm
+    awake = int(float(v.gpu_memory_utilization) * float(cfg.hardware.memory_gib) * GiB)
+    return awake, 0 if v.enable_sleep_mode else awake
+
+
+def resident(cfg, models: dict, gpus: int) -> dict:
+    """Bytes per GPU held across every micro-step: model states of the trained models, the reference, vLLM."""
+    awake, training = vllm_bytes(cfg)
+    return {"model_states": model_states(models["policy"], cfg.zero, gpus),
+            "critic_states": model_states(models["critic"], cfg.zero, gpus) if models["critic"] is not None else 0,
+            "reference": frozen_bytes(models["reference"], cfg.zero, gpus) if models["reference"] is not None else 0,
+            "vllm_training": training, "vllm_awake": awake}
+
+
+# ----------------------------------------------------------------------------- output
+def table(report: dict) -> list[str]:
+    """The report as a short table: per phase, GiB per GPU and what it holds, then the verdict."""
+    hw, res = report["hardware"], report["resident_bytes"]
+    out = [f"recipe {report['recipe']}: {report['model']} on {hw['gpus']} x {hw['name']} ({hw['memory_gib']:.1f} GiB "
+           f"each), probed in {report['probe_seconds']} s",
+           "resident per GPU: " + ", ".join(f"{k} {_gib(v)}" for k, v in res.items() if v and k != "vllm_awake")]
+    out.append(f"{'phase':<10} {'rows x tokens':>14} {'activations':>12} {'peak/GPU':>9} {'TFLOPs':>9}")
+    for name, p in report["phases"].items():
+        out.append(f"{name:<10} {p['rows']:>6} x {p['tokens_per_row']:<6} {_gib(p['activation_bytes']):>12} "
+                   f"{_gib(p['peak_bytes']):>9} {p['flops'] / 1e12:>9.1f}")
+    worst = max(report["phases"].items(), key=lambda kv: kv[1]["peak_bytes"])
+    generating = worst[0] == "generate"
+    parts = {"model_states": res["model_states"] + res["critic_states"], "reference": res["reference"],
+             "vllm": res["vllm_awake"] if generating else res["vllm_training"],
+             "activations": 0 if generating else worst[1]["activation_bytes"]}
+    top = max(parts, key=parts.get)
+    verdict = "fits" if report["fits"] else "does NOT fit"
+    out.append(f"per GPU {_gib(report['per_gpu_bytes'])} GiB at {worst[0]} (largest part: {top} "
+               f"{_gib(parts[top])} GiB): {verdict} in {hw['memory_gib']:.1f} GiB")
+    return out
+
+
+def _gib(b: int) -> str:
+    return f"{b / GiB:.1f}"
+
+
+def main(argv: list[str]) -> None:
+    as_json = "--json" in argv
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout on import; stdout is the report's
+            report = probe([a for a in argv if a != "--json"])
+    except InputError as e:
+        sys.exit(f"{type(e).__name__}: {e}")
+    print(json.dumps(report, indent=1) if as_json else "\n".join(table(report)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
