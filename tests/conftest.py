@@ -77,3 +77,14 @@ def _build_once(name: str, build) -> None:
         build()
     except Exception as e:  # noqa: BLE001 (a failed build fails the DeepSpeed tests themselves, not every test)
         warnings.warn(f"DeepSpeed's CPU op {name} did not build: {type(e).__name__}: {e}")
+
+
+@pytest.fixture(autouse=True)
+def hydra_config_cleared_after_each_test():
+    """An in-process compose with Hydra's own config (``core.config.composition.compose(with_hydra=True)``: the
+    probe, explain, launch) sets this process's ``HydraConfig``, as a run does; a later test would then read that
+    test's command line as its own (``core.config.scale.command_line_keys`` keeps those keys from the scale)."""
+    yield
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().cfg = None
