@@ -28,7 +28,7 @@ def numbers(cfg, rows: int | None) -> dict:
     """Every derived figure of an RL recipe (``rows``: training rows after the filters, None when unknown)."""
     from core.config.layout import engines, tensor_parallel
     from core.config.validate import rl_batch_plan
-    from core.training.engine import warmup_steps
+    from core.training.optim import warmup_steps
 
     t, lay = cfg.train, cfg.layout
     learners = int(lay.learner_gpus)

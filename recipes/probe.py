@@ -231,17 +231,10 @@ class ActivationPeak(MemTracker):
 
     peak = 0
 
-    def _pre_fw_hook(self, module, inputs) -> None:
-        pass
-
-    def _post_fw_hook(self, module, inputs, outputs) -> None:
-        pass
-
-    def _pre_bw_hook(self, module, args) -> None:
-        pass
-
-    def _post_bw_hook(self, module, args) -> None:
-        pass
+    def __enter__(self) -> "ActivationPeak":
+        super().__enter__()
+        self._mod_tracker.clear_user_hooks()  # the per-module snapshots: ModTracker alone tracks fw/bw state
+        return self
 
     def _update_peak_stats(self, peak_state) -> None:
         for snap in self._curr_mem_snap.values():

@@ -210,7 +210,7 @@ def test_the_offloaded_optimiser_is_cpu_adam_stepping_as_the_configured_torch_on
     (rtol 1e-5, atol 1e-7: both are fp32 evaluations of the same formula, a few ulps apart per step)."""
     import torch
 
-    from core.training.engine import build_optimizer, cpu_adam
+    from core.training.optim import build_optimizer, cpu_adam
 
     group = cpu_adam([torch.nn.Parameter(torch.zeros(2))], _optim(target, lr=1e-3)).param_groups[0]
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.999), 1e-8,

@@ -38,10 +38,15 @@ def _codeforces_tiny() -> str:
 
 
 def register_resolvers() -> None:
-    """The resolvers, and the typed schema in Hydra's ConfigStore (the YAML files name it)."""
-    from core.config.schema import store
+    """The resolvers, and every typed schema in Hydra's ConfigStore under ``schema/<group>/<name>`` (the YAML
+    files name it; idempotent)."""
+    from hydra.core.config_store import ConfigStore
 
-    store()
+    from core.config.schema import SCHEMAS
+
+    for key, node in SCHEMAS.items():
+        group, _, name = key.rpartition("/")
+        ConfigStore.instance().store(group=f"schema/{group}" if group else "schema", name=name, node=node)
     resolvers = (("root", lambda: str(PROJECT_ROOT)), ("run_stamp", run_stamp), ("codeforces_tiny", _codeforces_tiny))
     for name, fn in resolvers:
         if not OmegaConf.has_resolver(name):

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 RESUMABLE = ("resume", "resume_allow_changes", "train.total_steps", "train.eval_every", "train.checkpoint_every",
              "logger.", "device", "cpu_threads", "paths.", "rollout.server.")
 # What ``resume_allow_changes=true`` adds: the optimiser and its schedule (applied to the restored optimiser
-# by core/training/engine.py ``retune``, not ignored).
+# by core/training/optim.py ``retune``, not ignored).
 OPTIMISATION = ("optim.",)
 
 

@@ -288,7 +288,7 @@ class OptimizerConfig:
 
 @dataclass
 class SchedulerConfig:
-    name: str = ck("constant", registered("core.training.engine", "scheduler_names"))
+    name: str = ck("constant", registered("core.training.optim", "scheduler_names"))
     warmup_ratio: float = ck(0.0, between(0, 1))
     warmup_steps: int = ck(0, NONNEG)
     warmup_override_bug: bool = False  # Open-Instruct release: warmup = int(ratio x steps), warmup_steps ignored
@@ -367,10 +367,8 @@ class RLTrainConfig:
     shuffle_mini_batches: bool = False
     packing: Any = ck("auto", BOOL_OR_AUTO)
     logprob_micro_batch_size: int = ck(64, POS)
-    # Every dropout probability of the policy and critic set to 0 (core.models.loading.for_training). Its one
-    # home is here; each named recipe sets its source's value: Open-Instruct disables dropout in every model,
-    # TRL's GRPOConfig.disable_dropout is False (0.18, 1.16) and veRL leaves the checkpoint's; false keeps the
-    # checkpoint's dropout, active in the training forwards (train mode), as those sources do.
+    # Dropout of the policy and critic set to 0 (core.models.loading.for_training); each recipe sets its source's:
+    # Open-Instruct disables it, TRL's GRPOConfig.disable_dropout is False (0.18, 1.16), veRL keeps the checkpoint's.
     disable_dropout: bool = False
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
     eval_every: int = ck(0, NONNEG)
@@ -458,12 +456,11 @@ class LayoutConfig:
 
 @dataclass
 class HardwareConfig:
-    """The GPUs a recipe's source ran on (conf/hardware/): what ``python -m recipes.probe`` checks its per-GPU memory
-    against. ``memory_gib`` is the card's total as ``nvidia-smi`` reports it. RL learners are ``layout.learner_gpus``
-    of these; the reward-model loop runs data-parallel on all ``nodes x gpus_per_node``."""
+    """The GPUs a recipe's source ran on (conf/hardware/), which ``python -m recipes.probe`` checks against: RL learners
+    are ``layout.learner_gpus`` of them, the reward-model loop all ``nodes x gpus_per_node``."""
 
     name: str = "?"  # the GPU model, as the source names it
-    memory_gib: float = ck(80.0, above(0))
+    memory_gib: float = ck(80.0, above(0))  # the card's total, as nvidia-smi reports it
     nodes: int = ck(1, POS)
     gpus_per_node: int = ck(8, POS)
 
@@ -491,16 +488,6 @@ SCHEMAS: dict[str, type] = {
     "layout/layout": LayoutConfig,
     "hardware/hardware": HardwareConfig,
 }
-
-
-def store() -> None:
-    """Put every schema in Hydra's ConfigStore (idempotent) under ``schema/<group>/<name>``."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    for key, node in SCHEMAS.items():
-        group, _, name = key.rpartition("/")
-        cs.store(group=f"schema/{group}" if group else "schema", name=name, node=node)
 
 
 def node(schema: type, values: dict | None = None, **kw) -> DictConfig:

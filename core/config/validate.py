@@ -20,7 +20,7 @@ from core.config.scale import apply_scale, command_line_keys
 from core.config.checking import check_schema
 from core.errors import InputError
 from core.models.loading import model_source_problem
-from core.training.engine import CPU_ADAM_MODES
+from core.training.optim import CPU_ADAM_MODES
 from core.registry import Registry
 
 
@@ -92,7 +92,7 @@ def _optimizer_problems(opt) -> list[str]:
 
 def _offload_problems(zero, opt) -> list[str]:
     """``zero.offload_optimizer`` needs a DeepSpeed stage (the plain torch engine has nothing to offload) and an
-    optimiser DeepSpeed's CPU Adam computes (core/training/engine.py ``cpu_adam``)."""
+    optimiser DeepSpeed's CPU Adam computes (core/training/optim.py ``cpu_adam``)."""
     if not zero.offload_optimizer:
         return []
     if int(zero.stage) == 0:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core.config import schema
-from core.training.engine import build_scheduler, warmup_steps
+from core.training.optim import build_scheduler, warmup_steps
 
 # warmup_ratio, warmup_steps, bug, optimiser steps -> warmup
 CASES = [
