@@ -48,22 +48,21 @@ def to_floats(metrics: dict) -> dict:
 
 
 _CLEAR_REFS, _STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
-_cpu_peak_resets = False  # whether the last reset_peak_memory reset the CPU's high-water mark
+
+
+def _cpu_peak_resettable() -> bool:
+    """Whether Linux lets this process reset its high-water RSS (``VmHWM``) by writing ``5`` to
+    ``/proc/self/clear_refs`` (proc(5))."""
+    return os.access(_CLEAR_REFS, os.W_OK)
 
 
 def reset_peak_memory() -> None:
     """Start a step's peak memory (the loops call it first in a step, :func:`peak_memory` last): CUDA's allocator
-    peak, or on the CPU the process's high-water RSS, which Linux resets to the current RSS when ``5`` is written
-    to ``/proc/self/clear_refs`` (proc(5), ``VmHWM``)."""
-    global _cpu_peak_resets
+    peak, or on the CPU the process's high-water RSS, reset to the current RSS."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
-        return
-    try:
+    elif _cpu_peak_resettable():
         _CLEAR_REFS.write_text("5")
-        _cpu_peak_resets = True
-    except OSError:  # not Linux, or /proc read-only
-        _cpu_peak_resets = False
 
 
 def peak_memory() -> dict[str, float]:
@@ -72,7 +71,7 @@ def peak_memory() -> dict[str, float]:
     since the process started, named ``memory/peak_since_start_mb`` so it is not read as the step's."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return {"memory/peak_mb": torch.cuda.max_memory_allocated() / 2**20}
-    if _cpu_peak_resets:
+    if _cpu_peak_resettable():
         hwm = next(line for line in _STATUS.read_text().splitlines() if line.startswith("VmHWM:"))
         return {"memory/peak_mb": int(hwm.split()[1]) / 1024}  # kB
     return {"memory/peak_since_start_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
