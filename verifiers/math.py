@@ -10,7 +10,7 @@ Registered names (one function per source; pick by name in config, no branching 
 * ``math_open_r1`` -- Open-R1 ``accuracy_reward`` exactly (huggingface/open-r1 src/open_r1/rewards.py @ c1e1192):
   gold = ``parse(solution, extraction_mode="first_match")``, empty -> None; answer parsed from the whole
   completion with boxed priority 0, anchored only, ``boxed="all"``; exception -> None.
-* ``math_simplerl`` and ``math_tulu3`` live in ``verifiers/math_simplerl.py`` and ``verifiers/math_tulu3.py``.
+* ``math_simplerl`` and ``math_tulu3`` live in ``verifiers/math_sources.py``.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Order (OpenRLHF ``OpenRLHF/OpenRLHF@3c3be62`` ``experience_maker.py``): what a ``None`` reward
 becomes, then these score-level edits (overlong penalty, non-stop penalty, truncation mask), then the
 estimator's group shaping, then the reward clip, the placement at the last token and the per-token
-KL penalty (``core/advantage.py``). Keys live in ``train.shaping`` (conf/train/grpo.yaml).
+KL penalty (``core/algorithms/advantage.py``). Keys live in ``train.shaping`` (conf/train/grpo.yaml).
 """
 from __future__ import annotations
 
