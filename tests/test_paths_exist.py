@@ -25,6 +25,7 @@ TOP_DIRS = ("core", "recipes", "verifiers", "conf", "launch", "results", "tests"
 # the same words inside another path or a URL (``src/trl/tests/...``, ``hydra.cc/docs/...``).
 PATH_RE = re.compile(r"(?<![\w./-])((?:" + "|".join(re.escape(d) for d in TOP_DIRS) + r")/[\w.*/-]*)")
 MODULE_RE = re.compile(r"(?<![\w-])-m\s+([A-Za-z_][\w.]*)")
+LINK_RE = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target)
 TRAILING = ".,:;"  # sentence punctuation after a path, never part of one here
 # A capitalised segment is a placeholder (recipe=NAME, results/runs/RECIPE/TIME_ID) when the literal path is absent.
 PLACEHOLDER_RE = re.compile(r"(?<![\w])[A-Z][A-Z0-9_]+(?![\w])")
@@ -180,23 +181,21 @@ def _anchors(doc: Path) -> set[str]:
     return {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", doc.read_text(), re.M)}
 
 
-LINK_RE = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+def _link_problem(doc: Path, target: str) -> str | None:
+    """Why the local link ``target`` of ``doc`` does not resolve, or None."""
+    path, _, anchor = target.partition("#")
+    dest = (doc.parent / path).resolve() if path else doc
+    if not dest.exists():
+        return f"no file {path}"
+    if anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+        return f"no heading with anchor #{anchor} in {path or doc.name}"
+    return None
 
 
 def test_markdown_links_resolve():
-    broken, seen = [], 0
-    for doc in _doc_files():
-        for i, line in enumerate(doc.read_text().splitlines(), 1):
-            for m in LINK_RE.finditer(line):
-                target = m.group(1)
-                if re.match(r"[a-z]+:", target):  # http(s):, mailto: are not local
-                    continue
-                seen += 1
-                path, _, anchor = target.partition("#")
-                dest = (doc.parent / path).resolve() if path else doc
-                if not dest.exists():
-                    broken.append(f"{_where(doc, i)}: {target} (no file {path})")
-                elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
-                    broken.append(f"{_where(doc, i)}: {target} (no heading with anchor #{anchor} in {path or doc.name})")
+    local = [(doc, i, m.group(1)) for doc in _doc_files() for i, line in enumerate(doc.read_text().splitlines(), 1)
+             for m in LINK_RE.finditer(line) if not re.match(r"[a-z]+:", m.group(1))]  # http(s):, mailto: aside
+    broken = [f"{_where(doc, i)}: {target} ({why})" for doc, i, target in local
+              if (why := _link_problem(doc, target)) is not None]
     assert not broken, "\n".join(broken)
-    assert seen >= 10, seen  # 14 local links when written
+    assert len(local) >= 10, len(local)  # 14 local links when written
