@@ -1,42 +1,119 @@
-"""A tiny name -> function registry shared by advantages, losses, KL estimators and aggregations."""
+"""The one registry type: every plug-in a config string picks (estimators, losses, verifiers, rollout engines,
+loops, shrinkers, layouts, sources) is a name in a :class:`Registry` (docs/extending.md).
+
+An entry is either registered where it is defined, with a decorator (``@ADVANTAGES.register("grpo")``), or
+declared by name with the ``module:attr`` that defines it (``ROLLOUT_ENGINES.declare("vllm",
+"core.rollout.vllm:VLLMRollout")``), imported on its first :meth:`Registry.get`. :meth:`Registry.names` lists
+both without importing anything, so an entry whose module needs a GPU package (vLLM) costs a run that does not
+pick it nothing, and no entry depends on some other module having been imported first.
+
+An entry may carry ``meta`` (facts config validation reads, e.g. ``min_group_size=2``) and a ``check``: a
+function ``check(name, *args) -> list[str]`` returning the config problems of picking it, each naming the keys,
+values and what was expected. :meth:`Registry.problems` runs the registry's own check (one for every entry) and
+the entry's, so an engine's or a backend's checks live with the entry, not in the central validator. A check is
+kept beside the declaration, so checking a lazy entry never imports its module. Duplicate names raise; a miss
+lists the valid names (verl's ``register_policy_loss`` / ``get_policy_loss_fn`` do both).
+"""
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 F = TypeVar("F", bound=Callable)
+Check = Callable[..., "list[str]"]  # (name, *args) -> config problems of picking that entry
+
+
+@dataclass
+class _Entry:
+    obj: Any = None  # the registered object; None for a declared entry until its first get
+    target: str = ""  # a declared entry's "module:attr"
+    check: Optional[Check] = None
+    meta: dict = field(default_factory=dict)
 
 
 class Registry(Generic[F]):
-    """Functions keyed by config name. Duplicate names raise; a miss lists the valid names."""
+    """Objects keyed by config name. ``kind`` names what is picked (the config key, for messages); ``check``: run
+    by :meth:`problems` for every entry; ``paths``: a name ``module:attr`` that is not an entry is imported as
+    itself (a verifier of one's own without registering it: veRL's ``custom_reward_function.path``)."""
 
-    def __init__(self, kind: str):
-        self.kind = kind
-        self._fns: dict[str, F] = {}
-        self._meta: dict[str, dict] = {}
+    def __init__(self, kind: str, check: Check | None = None, paths: bool = False):
+        self.kind, self._check, self._paths = kind, check, paths
+        self._entries: dict[str, _Entry] = {}
 
-    def register(self, name: str, **meta) -> Callable[[F], F]:
-        """Decorator; ``meta`` holds facts config validation needs (e.g. ``min_group_size=2``)."""
+    def register(self, name: str, check: Check | None = None, **meta) -> Callable[[F], F]:
+        """Decorator: the decorated object is entry ``name``."""
 
-        def deco(fn: F) -> F:
-            if name in self._fns and self._fns[name] is not fn:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._fns[name] = fn
-            self._meta[name] = meta
-            return fn
+        def deco(obj: F) -> F:
+            self._add(name, _Entry(obj=obj, check=check, meta=meta))
+            return obj
 
         return deco
 
+    def declare(self, name: str, target: str, check: Check | None = None, **meta) -> None:
+        """Entry ``name`` is ``target`` (``"package.module:attr"``), imported on its first :meth:`get`."""
+        if ":" not in target:
+            raise ValueError(f"{self.kind} {name!r}: target {target!r} is not 'package.module:attr'")
+        self._add(name, _Entry(target=target, check=check, meta=meta))
+
+    def _add(self, name: str, entry: _Entry) -> None:
+        old = self._entries.get(name)
+        if old is not None and (old.obj is not entry.obj or old.target != entry.target):
+            raise ValueError(f"{self.kind} {name!r} is already registered ({old.target or _where(old.obj)})")
+        self._entries[name] = entry
+
     def get(self, name: str) -> F:
-        if name not in self._fns:
-            raise KeyError(f"unknown {self.kind} {name!r}; registered: {', '.join(sorted(self._fns))}")
-        return self._fns[name]
+        """The entry ``name`` (a declared one imported now); a miss raises KeyError listing the names."""
+        entry = self._entries.get(name)
+        if entry is None:
+            if self._paths and ":" in name:
+                return _from_path(self.kind, name)
+            raise KeyError(f"unknown {self.kind} {name!r}; registered: {', '.join(self.names())}"
+                           + (" (or module.path:function)" if self._paths else ""))
+        if entry.obj is None:
+            module, _, attr = entry.target.partition(":")
+            entry.obj = getattr(importlib.import_module(module), attr)
+        return entry.obj
 
     def meta(self, name: str) -> dict:
-        self.get(name)
-        return self._meta[name]
+        """What entry ``name`` was registered or declared with (nothing is imported)."""
+        if name not in self._entries:
+            self.get(name)  # raises the miss (a path entry has no meta)
+            return {}
+        return self._entries[name].meta
+
+    def problems(self, name: str, *args, **kwargs) -> list[str]:
+        """The config problems of picking ``name``: the registry's check, then the entry's, each called as
+        ``check(name, *args, **kwargs)``. A name that is not an entry gets the registry's check alone."""
+        entry = self._entries.get(name)
+        checks = [c for c in (self._check, entry.check if entry else None) if c is not None]
+        return [p for c in checks for p in c(name, *args, **kwargs)]
 
     def names(self) -> list[str]:
-        return sorted(self._fns)
+        return sorted(self._entries)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._fns
+        return name in self._entries
+
+
+def _where(obj) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
+
+
+def _from_path(kind: str, spec: str):
+    """``module:attr`` imported; failures are KeyErrors naming the spec (config input, not a bug)."""
+    module, _, attr = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise KeyError(f"{kind} {spec!r}: cannot import {attr!r} from {module!r} ({e})") from None
+    if not callable(obj):
+        raise KeyError(f"{kind} {spec!r}: {module}.{attr} is not callable")
+    return obj
+
+
+def installed(package: str) -> bool:
+    """``package`` can be imported here (an entry's GPU-only dependency: vllm, flash_attn), found without
+    importing it."""
+    return importlib.util.find_spec(package) is not None

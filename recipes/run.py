@@ -1,7 +1,7 @@
 """Entry point: ``python -m recipes.run [recipe=NAME] [scale=tiny] [key=value ...]``.
 
 Composes ``conf/config.yaml`` with Hydra (no change of working directory) and hands the config to the
-loop named by ``loop`` (``recipes/<loop>.py``), which applies ``scale`` and checks every key before
+loop named by ``loop`` (recipes/__init__.py ``LOOPS``), which applies ``scale`` and checks every key before
 anything else (core/config/validate.py ``final_config``). Returns the loop's objective so Hydra sweepers
 can optimise it.
 
@@ -13,10 +13,8 @@ names added. Every other error keeps its full traceback.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -25,22 +23,15 @@ from omegaconf import DictConfig  # noqa: E402
 
 from core.config.composition import register_resolvers  # noqa: E402
 from core.paths import CONF_DIR  # noqa: E402
+from recipes import LOOPS  # noqa: E402
 
 register_resolvers()
 
-_NOT_LOOPS = {"__init__", "run", "compare", "explain", "plan", "eval"}
-
-
-def loops() -> list[str]:
-    """Loop names: the modules of this package that are training loops (``recipes/<loop>.py``)."""
-    return sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem not in _NOT_LOOPS)
-
 
 def run(cfg: DictConfig) -> float | None:
-    """Dispatch to ``recipes.<loop>.main(cfg)``; the loop validates before building any model."""
-    if cfg.loop not in loops():
-        raise ValueError(f"loop={cfg.loop!r}; expected one of {loops()}")
-    return importlib.import_module(f"recipes.{cfg.loop}").main(cfg)
+    """Dispatch to the ``main(cfg)`` of loop ``cfg.loop`` (recipes/__init__.py ``LOOPS``); the loop validates before
+    building any model."""
+    return LOOPS.get(cfg.loop)(cfg)
 
 
 def _quiet() -> None:

@@ -32,6 +32,14 @@ def test_a_source_view_states_the_batch_in_its_flags():
     assert "generation batch: 16 x 1 x 7 = 112 completions = 16 prompts x 7" in proc.stdout
 
 
+def test_the_openrlhf_view_states_the_batch_in_its_flags():
+    """No recipe names source.name=openrlhf (OpenRLHF's recipes train reward models): it is a command-line option."""
+    proc = explain("source.name=openrlhf", "train.micro_batch_size=32")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("in openrlhf's flags:\n  --rollout_batch_size: 16\n  --n_samples_per_prompt: 8\n"
+                                "  --train_batch_size: 128\n  --micro_train_batch_size: 32\n  --max_epochs: 1\n")
+
+
 def test_a_broken_invariant_prints_the_failing_arithmetic():
     proc = _explain("train.group_size=14", "train.prompts_per_step=8", "train.mini_batch_size=64")
     assert proc.returncode == 1

@@ -32,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from verifiers import register_verifier
 from verifiers._common import column, texts
 from verifiers.pool import default_workers
 from verifiers.sandbox import RunResult, run_python
@@ -115,7 +114,6 @@ def _test_cases(info) -> list[dict]:
     return cases
 
 
-@register_verifier("code")
 def code_reward(completions, **columns) -> list[float | None]:
     comps = texts(completions)
     infos = column(columns, ("verification_info", "test_cases"), len(comps), "code")
@@ -130,7 +128,6 @@ def code_reward(completions, **columns) -> list[float | None]:
     return _parallel(one, list(zip(comps, infos)), columns.get("workers"))
 
 
-@register_verifier("code_binary")
 def code_binary_reward(completions, **columns) -> list[float | None]:
     return [None if r is None else float(r > 0.99) for r in code_reward(completions, **columns)]
 
@@ -147,18 +144,15 @@ def _mbpp(completions, columns: dict, fraction: bool, name: str) -> list[float |
     return _parallel(one, list(zip(comps, setups, tests)), columns.get("workers"))
 
 
-@register_verifier("code_mbpp")
 def code_mbpp_reward(completions, **columns) -> list[float | None]:
     """MBPP all-or-nothing. ``raw_code=True`` treats a completion with no fenced block as code."""
     return _mbpp(completions, columns, False, "code_mbpp")
 
 
-@register_verifier("code_mbpp_fraction")
 def code_mbpp_fraction_reward(completions, **columns) -> list[float | None]:
     return _mbpp(completions, columns, True, "code_mbpp_fraction")
 
 
-@register_verifier("code_humaneval")
 def code_humaneval_reward(completions, **columns) -> list[float | None]:
     comps = texts(completions)
     n = len(comps)

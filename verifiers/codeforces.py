@@ -32,7 +32,6 @@ import functools
 import os
 from pathlib import Path
 
-from verifiers import register_verifier
 from verifiers._common import column, texts
 from verifiers.code import _parallel, extract_code
 from verifiers.cpp import LANGUAGES, CppResult, run_cpp
@@ -150,7 +149,6 @@ def _rows(columns: dict, n: int) -> list[dict]:
     return [dict(zip(cols, values)) for values in zip(*cols.values())]
 
 
-@register_verifier("cf_code")
 def cf_code_reward(completions, test_batch_size: int = 1, scoring_mode: str = "weighted_sum",
                    tests_folder: str | None = None, workers: int | None = None, **columns) -> list[float | None]:
     """Open-R1 ``cf_code`` on open-r1/codeforces rows (columns ``id``, ``official_tests``, ``time_limit``,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from verifiers import get_verifier, register_verifier
+from verifiers import get_verifier
 
 
 @dataclass
@@ -97,7 +97,6 @@ def open_instruct_reward(verifier: str, verification_reward: float = 10.0,
 
 
 # --------------------------------------------------------------------------------------- as named verifiers
-@register_verifier("weighted")
 def weighted(completions: list[str], terms: Sequence[Any] = (), **columns) -> list[float | None]:
     """Several rewards summed with weights, as TRL's ``reward_funcs`` with ``reward_weights`` (Open-R1: accuracy +
     format + tag_count, or code + 0.1 code_format; reference open_r1.md §2). ``terms``: a list of
@@ -105,7 +104,6 @@ def weighted(completions: list[str], terms: Sequence[Any] = (), **columns) -> li
     return ComposedReward(terms)(completions, **columns)
 
 
-@register_verifier("routed")
 def routed(completions: list[str], routes: dict | None = None, route_column: str = "dataset", scale: float = 1.0,
            **columns) -> list[float | None]:
     """Each row scored by the verifier its ``route_column`` names, times ``scale``: Open-Instruct Tulu 3's

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from verifiers import register_verifier
 from verifiers._common import column, texts
 from verifiers.code import _parallel, _test_cases, extract_code
 from verifiers.sandbox import run_python
@@ -160,7 +159,6 @@ def _per_row(columns: dict, name: str, n: int) -> list:
     return [None] * n if columns.get(name) is None else column(columns, (name,), n, "code_cpp")
 
 
-@register_verifier("code_cpp")
 def code_cpp_reward(completions, **columns) -> list[float | None]:
     """Last ```` ```cpp ```` block (Open-R1 ``extract_code(completion, "cpp")``) against ``verification_info`` /
     ``test_cases`` ({"input", "output"} cases): the fraction of tests passed (tests after the first failing batch

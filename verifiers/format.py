@@ -10,14 +10,12 @@ from __future__ import annotations
 import math
 import re
 
-from verifiers import register_verifier
 from verifiers._common import column, texts
 
 FORMAT_RE = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL | re.MULTILINE)
 STEPS_RE = re.compile(r"(Step \d+:|^\d+\.|\n-|\n\*|First,|Second,|Next,|Finally,)")
 
 
-@register_verifier("format")
 def format_reward(completions, **_) -> list[float]:
     """1 if the whole completion is ``<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>`` (strict newlines)."""
     return [1.0 if FORMAT_RE.match(c) else 0.0 for c in texts(completions)]
@@ -29,7 +27,6 @@ def code_format_pattern(language: str) -> str:
     return rf"^<think>\n.*?\n</think>\n<answer>\n.*?```{language}.*?```.*?\n</answer>$"
 
 
-@register_verifier("code_format")
 def code_format_reward(completions, code_language: str = "python", **columns) -> list[float]:
     """1 if the completion is the ``format`` layout with a block opened by three backticks and the language inside
     the answer (``re.match``, DOTALL | MULTILINE, as Open-R1). The language is the row's ``language`` column when the
@@ -48,14 +45,12 @@ def code_format_reward(completions, code_language: str = "python", **columns) ->
             for text, lang in zip(comps, languages)]
 
 
-@register_verifier("tag_count")
 def tag_count_reward(completions, **_) -> list[float]:
     """0.25 per tag that appears exactly once: ``<think>\\n``, ``\\n</think>\\n``, ``\\n<answer>\\n``, ``\\n</answer>``."""
     tags = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
     return [sum(0.25 for t in tags if c.count(t) == 1) for c in texts(completions)]
 
 
-@register_verifier("reasoning_steps")
 def reasoning_steps_reward(completions, **_) -> list[float]:
     """min(1, n/3) for n step markers (one alternation regex, no MULTILINE: ``^`` is the string start)."""
     return [min(1.0, len(STEPS_RE.findall(c)) / 3) for c in texts(completions)]
@@ -69,7 +64,6 @@ def _correct(completions, columns) -> list[bool]:
     return [a is None or a >= 1.0 for a in acc]
 
 
-@register_verifier("cosine")
 def cosine_reward(completions, min_value_wrong: float = 0.0, max_value_wrong: float = -0.5,
                   min_value_correct: float = 0.5, max_value_correct: float = 1.0, max_len: int = 1000,
                   **columns) -> list[float]:
@@ -83,7 +77,6 @@ def cosine_reward(completions, min_value_wrong: float = 0.0, max_value_wrong: fl
     return out
 
 
-@register_verifier("repetition_penalty")
 def repetition_penalty_reward(completions, ngram_size: int = 3, max_penalty: float = -1.0, **_) -> list[float]:
     """(1 - unique n-grams / n-grams) x max_penalty over lowercase whitespace words; < n words -> 0."""
     if max_penalty > 0:
@@ -99,7 +92,6 @@ def repetition_penalty_reward(completions, ngram_size: int = 3, max_penalty: flo
     return out
 
 
-@register_verifier("soft_overlong_punishment")
 def soft_overlong_punishment(completions, completion_lengths=None, max_completion_len: int = 16384,
                              soft_punish_cache: int = 4096, **columns) -> list[float]:
     """DAPO Eq. 13 on token counts: 0 up to Lmax-C, linear to -1 at Lmax, -1 beyond.

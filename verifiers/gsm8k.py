@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import re
 
-from verifiers import register_verifier
 from verifiers._common import column, texts
 
 _OI_NUMBER = re.compile(r"[-+]?\d*\.\d+|\d+")
@@ -62,7 +61,6 @@ def score_numeric(text: str, gold, rel_tol: float = 1e-6) -> float | None:
     return float(pred is not None and math.isclose(pred, label, rel_tol=rel_tol, abs_tol=1e-9))
 
 
-@register_verifier("gsm8k")
 def gsm8k_reward(completions, **columns) -> list[float | None]:
     """Open-Instruct Tulu 3 GSM8K match (1.0 / 0.0)."""
     comps = texts(completions)
@@ -70,7 +68,6 @@ def gsm8k_reward(completions, **columns) -> list[float | None]:
     return [score_open_instruct(c, g) for c, g in zip(comps, golds)]
 
 
-@register_verifier("gsm8k_numeric")
 def gsm8k_numeric_reward(completions, **columns) -> list[float | None]:
     """Numerically tolerant GSM8K match (1.0 / 0.0; None if the label is not a number)."""
     comps = texts(completions)

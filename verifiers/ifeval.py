@@ -33,7 +33,6 @@ import logging
 import re
 from typing import Callable
 
-from verifiers import register_verifier
 from verifiers._common import column, texts
 
 log = logging.getLogger(__name__)
@@ -278,7 +277,6 @@ def score_ifeval(text: str, label, release_behaviour: bool = False,
         return 0.0
 
 
-@register_verifier("ifeval")
 def ifeval_reward(completions, release_behaviour: bool = False, placeholder_tuple_bug: bool | None = None,
                   **columns) -> list[float | None]:
     """Tulu 3 IF constraint reward; column ``ground_truth`` (or ``constraint``/``answer``);

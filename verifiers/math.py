@@ -14,7 +14,6 @@ Registered names (one function per source; pick by name in config, no branching 
 """
 from __future__ import annotations
 
-from verifiers import register_verifier
 from verifiers._common import column, last_boxed_content, texts
 from verifiers.mv import (
     DEFAULT_ANSWER_CONFIG,
@@ -118,7 +117,6 @@ def score_open_r1(text: str, gold: str) -> float | None:
         return None
 
 
-@register_verifier("math")
 def math_reward(completions, **columns) -> list[float | None]:
     """Default math verifier (see module docstring); ``timeout`` (s, per sample) and ``workers`` optional."""
     comps = texts(completions)
@@ -126,7 +124,6 @@ def math_reward(completions, **columns) -> list[float | None]:
     return map_scores(score_default, list(zip(comps, golds)), fast_default, key=answer_key, **_pool_kwargs(columns))
 
 
-@register_verifier("math_open_r1")
 def math_open_r1_reward(completions, **columns) -> list[float | None]:
     """Open-R1 accuracy reward; gold column ``solution`` (Open-R1's name), else ``answer``."""
     comps = texts(completions)

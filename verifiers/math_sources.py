@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 
-from verifiers import register_verifier
 from verifiers._common import column, texts
 from verifiers.mv import mv_parse, mv_verify, numeric_fast_path, parse_gold_cached
 from verifiers.pool import map_scores
@@ -93,7 +92,6 @@ def fast_tulu3(text: str, gold: str) -> float | None:
     return None
 
 
-@register_verifier("math_simplerl")
 def math_simplerl_reward(completions, **columns) -> list[float | None]:
     """SimpleRL-Zoo rule reward (see module docstring). Gold: ``ground_truth``/``answer``/``gt_answer``/``target``."""
     comps = texts(completions)
@@ -102,7 +100,6 @@ def math_simplerl_reward(completions, **columns) -> list[float | None]:
                       timeout=columns.get("timeout", 10.0), workers=columns.get("workers"), on_timeout=0.0)
 
 
-@register_verifier("math_tulu3")
 def math_tulu3_reward(completions, **columns) -> list[float | None]:
     """Open-Instruct Tulu 3 flex math match (see module docstring). Gold: ``ground_truth`` or ``answer``."""
     comps = texts(completions)

@@ -34,14 +34,16 @@ def one_of(*names) -> Check:
 
 
 def registered(module: str, attr: str) -> Check:
-    """A name registered in ``module.attr``: a Registry, a collection of names or a function returning
-    them (imported when checked, so the schema stays import-light)."""
+    """A name registered in ``module.attr``: a :class:`core.registry.Registry`, a collection of names or a function
+    returning them, imported when checked, so importing the schema imports no registry. The check carries
+    ``registry = "module:attr"``, so tests can tell which key picks from which registry."""
     def check(v):
         import importlib
 
         obj = getattr(importlib.import_module(module), attr)
         names = obj.names() if hasattr(obj, "names") else sorted(obj() if callable(obj) else obj)
         return None if v in names else f"one of {names}"
+    check.registry = f"{module}:{attr}"
     return check
 
 

@@ -23,7 +23,8 @@ from core.registry import Registry
 ZERO_BUCKETS = {1: ("reduce_bucket_size", "allgather_bucket_size"), 2: ("reduce_bucket_size", "allgather_bucket_size"),
                 3: ("reduce_bucket_size", "stage3_prefetch_bucket_size")}
 
-# Per-loop batch shrinking (``loop`` -> fn(cfg, scale) mutating cfg.train in place).
+# Per-loop batch shrinking (``loop`` -> fn(cfg, scale) mutating cfg.train in place), one entry per loop of
+# recipes/__init__.py LOOPS, here so that scaling a config never needs a loop's module imported.
 SHRINKERS: Registry = Registry("scale shrinker")
 
 
@@ -40,6 +41,13 @@ def shrink_rl(cfg, s) -> None:
     cfg.rollout.engine = "hf"
     if cfg.rollout.get("vllm") is not None:  # the layout collapses to one GPU per rank: no engine spans several
         cfg.rollout.vllm.tensor_parallel_size = 1
+
+
+@SHRINKERS.register("rm")
+def shrink_rm(cfg, s) -> None:
+    """RM at ``scale=tiny``: ``train.tiny`` (batch sizes, steps, lengths: conf/train/rm.yaml) over ``train``."""
+    if cfg.train.tiny:
+        cfg.train.update({k: v for k, v in cfg.train.tiny.items()})
 
 
 def shrink_batches(t, s) -> dict:

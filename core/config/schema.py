@@ -68,7 +68,7 @@ class SourceConfig:
     arithmetic in that framework's own flags; ``flags`` holds the source's values that our keys derive from
     (Open-Instruct ``total_episodes``); ``notes`` are printed as given (figures an article quotes differently)."""
 
-    name: str = ck("none", registered("recipes.explain", "SOURCE_VIEWS"))
+    name: str = ck("none", registered("core.reporting.source_views", "SOURCE_VIEWS"))
     ref: str = ""  # repository, file and commit
     flags: Dict[str, Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
@@ -175,7 +175,7 @@ class ServerConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = ck("hf", registered("core.rollout", "rollout_engines"))
+    engine: str = ck("hf", registered("core.rollout", "ROLLOUT_ENGINES"))
     max_new_tokens: int = ck(16, POS)
     temperature: float = ck(1.0, above(0))  # greedy rollouts are asked for by name: ``greedy``
     greedy: bool = False

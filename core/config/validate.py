@@ -6,7 +6,6 @@ Every problem found is collected and raised together, each naming the keys and v
 """
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import os
 from pathlib import Path
@@ -20,8 +19,10 @@ from core.config.scale import apply_scale, command_line_keys
 from core.config.checking import check_schema
 from core.errors import InputError
 from core.models.loading import model_source_problem
+from core.rollout import ROLLOUT_ENGINES
 from core.training.optim import CPU_ADAM_MODES
-from core.registry import Registry
+from core.registry import Registry, installed
+from verifiers import VERIFIERS
 
 
 class ConfigError(InputError):
@@ -162,40 +163,17 @@ def _check_loss(cfg, errors: list[str]) -> None:
 
 
 def _check_verifier(cfg, errors: list[str]) -> None:
-    from verifiers import get_verifier
-
+    """The verifier and the greedy evaluation's (optional), each with its options (verifiers/__init__.py)."""
     v = cfg.verifier
-    for key, kwargs in (("name", "kwargs"), ("eval_name", "eval_kwargs")):  # the greedy evaluation's is optional
-        if not v.get(key):
-            continue
-        try:
-            fn = get_verifier(v[key])
-        except (KeyError, ImportError, AttributeError, ValueError) as e:
-            errors.append(f"verifier.{key}={v[key]!r}: {e.args[0] if e.args else e}")
-            continue
-        params = inspect.signature(fn).parameters
-        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            errors += [f"verifier.{kwargs}.{k}: verifier {v[key]} takes no {k!r} (it takes {', '.join(params)})"
-                       for k in v.get(kwargs) or {} if k not in params]
-
-
-def installed(package: str) -> bool:
-    """``package`` can be imported here (the gpu extra: vllm, flash_attn)."""
-    return importlib.util.find_spec(package) is not None
+    for key, kwargs in (("name", "kwargs"), ("eval_name", "eval_kwargs")):
+        if v.get(key):
+            errors += VERIFIERS.problems(v[key], v.get(kwargs) or {}, f"verifier.{key}", f"verifier.{kwargs}")
 
 
 def _check_placement(cfg, errors: list[str], packages: bool = True) -> None:
-    """Settings that the device and the sharding cannot honour."""
-    if cfg.rollout.engine == "vllm":
-        if cfg.rollout.vllm is None:
-            errors.append("rollout.engine=vllm needs the rollout.vllm node: use the config option rollout=vllm")
-        if packages and not installed("vllm"):
-            errors.append("rollout.engine=vllm but vLLM is not installed here: install the gpu extra on a CUDA "
-                          "machine (pip install -e '.[gpu]'), or generate with rollout=hf")
-    client = OmegaConf.select(cfg, "rollout.server.client")
-    if cfg.rollout.engine == "vllm_server" and str(client).startswith("trl.") and packages and not installed("vllm"):
-        errors.append(f"rollout.engine=vllm_server with rollout.server.client={client}: TRL's client pushes weights "
-                      f"through vLLM's NCCL weight transfer, so the learners need vLLM installed (the gpu extra)")
+    """Settings that the device and the sharding cannot honour; the rollout engine's own checks
+    (core/rollout/__init__.py)."""
+    errors += ROLLOUT_ENGINES.problems(cfg.rollout.engine, cfg, packages=packages)
     if int(cfg.zero.stage) == 3 and int(cfg.train.warm_start.steps) > 0:
         errors.append(f"train.warm_start.steps={cfg.train.warm_start.steps} with zero.stage=3: the warm start trains a "
                       f"full copy of the model in one process before ZeRO-3 shards it; start from a checkpoint that "

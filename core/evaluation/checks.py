@@ -20,6 +20,7 @@ from core.errors import InputError
 from core.evaluation.schema import EvalRunConfig, EvalSetConfig
 from core.evaluation.sets import SET_KEYS
 from core.models.loading import model_source_problem
+from verifiers import VERIFIERS
 
 ENGINES = ("hf", "vllm")  # one process samples: the server engine serves weights a trainer pushes
 
@@ -94,8 +95,6 @@ def set_verifier(cfg, set_cfg) -> str:
 
 
 def _set_problems(cfg) -> list[str]:
-    from verifiers import get_verifier
-
     names = list(cfg.eval.sets)
     if not names:
         return [f"eval.sets is empty: name one or more of {sorted(cfg.sets)}"]
@@ -120,11 +119,7 @@ def _set_problems(cfg) -> list[str]:
         need = {"file": "path", "hub": "hub_name"}[s.source]
         if not s[need]:
             errors.append(f"sets.{name}.source={s.source} needs sets.{name}.{need}")
-        verifier = set_verifier(cfg, s)
-        try:
-            get_verifier(verifier)
-        except (KeyError, ImportError, AttributeError, ValueError) as e:
-            errors.append(f"sets.{name}.verifier={verifier!r}: {e.args[0] if e.args else e}")
+        errors += VERIFIERS.problems(set_verifier(cfg, s), {}, f"sets.{name}.verifier", f"sets.{name}.verifier")
     return errors
 
 

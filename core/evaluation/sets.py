@@ -6,9 +6,8 @@ columns; the preset's prompt format (``data.template``, ``data.chat_template``, 
 is laid over it, so every set of a preset is asked the same way, and ``core/data/prompts.py`` loads and
 tokenizes it exactly as training prompts are (dotted column keys, character and token limits).
 
-Gold answers (``gold``, :data:`GOLDS`): some sets keep the answer inside a longer column, and the sources
-take it out before grading; SimpleRL-Zoo's evaluator does it in ``parse_ground_truth``
-(hkust-nlp/simpleRL-reason @ cf1c785 ``examples/simplelr_math_eval/parser.py``).
+Gold answers (``gold``, :data:`verifiers.GOLDS`, verifiers/golds.py): some sets keep the answer inside a longer
+column, and the sources take it out before grading as the verifiers parse answers.
 """
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ from omegaconf import OmegaConf
 
 from core.data import prompts as D
 from core.registry import Registry
+from verifiers import GOLDS
 
-GOLDS: Registry[Callable[[Any], Any]] = Registry("sets.<name>.gold")
 QUESTIONS: Registry[Callable[[Any, dict], Any]] = Registry("sets.<name>.question")
 
 
@@ -35,37 +34,6 @@ def mbpp_with_tests(value, row: dict) -> str:
     """MBPP's task text and its three asserts, which name the function to write (Austin et al. 2021,
     arXiv:2108.07732, section 2.1: "Your code should pass these tests:", the tests one per line)."""
     return f"{value}\nYour code should pass these tests:\n\n" + "\n".join(row["test_list"])
-
-
-@GOLDS.register("as_is")
-def as_is(value):
-    """The column's value as it is (MATH500 ``answer``, AIME ``answer``)."""
-    return value
-
-
-@GOLDS.register("gsm8k_label")
-def gsm8k_label(value) -> str:
-    """The label after the last ``####`` of a GSM8K solution, thousands separators dropped (SimpleRL-Zoo:
-    ``example["answer"].split("####")``; every GSM8K loader)."""
-    from verifiers.gsm8k import gsm8k_label as label
-
-    return label(value)
-
-
-@GOLDS.register("minerva_boxed")
-def minerva_boxed(value) -> str:
-    """Minerva Math keeps its answer in the solution: Qwen-Math ``extract_answer(solution, "minerva_math")``
-    (SimpleRL-Zoo ``parse_ground_truth`` for ``minerva_math``)."""
-    from verifiers.qwen_math_parser import extract_answer
-
-    return extract_answer(str(value), data_name="minerva_math")
-
-
-@GOLDS.register("strip_dollars")
-def strip_dollars(value) -> str:
-    """OlympiadBench ``final_answer[0].strip("$")`` (SimpleRL-Zoo ``parse_ground_truth``); with
-    ``answer_key: final_answer.0``."""
-    return str(value).strip("$")
 
 
 # The prompt-data keys a set supplies; the rest of the data node (template, chat template, system prompt,

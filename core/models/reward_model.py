@@ -19,7 +19,6 @@ from core.registry import Registry
 from core.training import distributed
 from core.training.device import DTYPES
 from core.training.engine import writable
-from core.config.scale import SHRINKERS
 
 # Score-head initialisation for a head that the checkpoint does not have (name -> std(hidden)).
 HEAD_INITS: Registry = Registry("train.head_init")
@@ -208,10 +207,3 @@ def score_texts(model, tokenizer, texts: list[str], normalize: bool = False, bat
     if normalize:
         r = (r - float(model.config.mean)) / float(model.config.std)
     return r
-
-
-@SHRINKERS.register("rm")
-def shrink_rm(cfg, s) -> None:
-    """RM at ``scale=tiny``: ``train.tiny`` (batch sizes, steps, lengths) over ``train``; no bf16 on CPU."""
-    if cfg.train.tiny:
-        cfg.train.update({k: v for k, v in cfg.train.tiny.items()})

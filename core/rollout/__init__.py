@@ -2,8 +2,8 @@
 
 ``hf`` (Hugging Face ``generate`` on the training model, any device), ``vllm`` (:mod:`core.rollout.vllm`,
 colocated, GPU only) and ``vllm_server`` (:mod:`core.rollout.server`, vLLM servers on GPUs of their own) are
-each imported when asked for. Every engine is built from
-``(model, tokenizer, rollout_cfg)``, and the loop calls the same members on each:
+declared in :data:`ROLLOUT_ENGINES`, each imported when asked for, each with its config checks. Every engine is
+built from ``(model, tokenizer, rollout_cfg)``, and the loop calls the same members on each:
 
 - ``sync_weights(engine)``: the optimiser engine's current weights into the sampler (``hf``: nothing to
   copy; ``vllm``: pushed one parameter at a time, each gathered alone under ZeRO-3). Every rank calls it;
@@ -25,29 +25,38 @@ The loop drives these through :class:`core.rollout.ahead.GenerationAhead` (``rol
 """
 from __future__ import annotations
 
-import importlib
-from typing import Callable
+from omegaconf import OmegaConf
 
+from core.registry import Registry, installed
 from core.rollout.batch import RolloutBatch, Sampling  # noqa: F401  (the package's public types)
 
-_ENGINES: dict[str, Callable] = {}
-# Each engine's module, imported (and so registered) when the engine is first asked for: vllm's imports
-# GPU-only packages, and no run pays for an engine it does not use.
-_LAZY = {"hf": "core.rollout.hf", "vllm": "core.rollout.vllm", "vllm_server": "core.rollout.server"}
+
+def vllm_problems(name: str, cfg, packages: bool = True) -> list[str]:
+    """``vllm``: the ``rollout.vllm`` node, and vLLM installed (``packages=False``: not asked, recipes.explain)."""
+    errors = []
+    if cfg.rollout.vllm is None:
+        errors.append("rollout.engine=vllm needs the rollout.vllm node: use the config option rollout=vllm")
+    if packages and not installed("vllm"):
+        errors.append("rollout.engine=vllm but vLLM is not installed here: install the gpu extra on a CUDA "
+                      "machine (pip install -e '.[gpu]'), or generate with rollout=hf")
+    return errors
 
 
-def register_rollout(name: str):
-    def deco(cls):
-        if name in _ENGINES and _ENGINES[name] is not cls:
-            raise ValueError(f"rollout engine {name!r} is already registered")
-        _ENGINES[name] = cls
-        return cls
+def server_problems(name: str, cfg, packages: bool = True) -> list[str]:
+    """``vllm_server``: TRL's client (``rollout.server.client=trl.*``) needs vLLM on the learners."""
+    client = OmegaConf.select(cfg, "rollout.server.client")
+    if str(client).startswith("trl.") and packages and not installed("vllm"):
+        return [f"rollout.engine=vllm_server with rollout.server.client={client}: TRL's client pushes weights "
+                f"through vLLM's NCCL weight transfer, so the learners need vLLM installed (the gpu extra)"]
+    return []
 
-    return deco
 
-
-def rollout_engines() -> list[str]:
-    return sorted({*_ENGINES, *_LAZY})
+# Each engine's module is imported when the engine is first built: vllm's imports GPU-only packages, and no run pays
+# for an engine it does not use. The checks sit here, so checking a config never imports an engine.
+ROLLOUT_ENGINES: Registry = Registry("rollout.engine")
+ROLLOUT_ENGINES.declare("hf", "core.rollout.hf:HFGenerateRollout")
+ROLLOUT_ENGINES.declare("vllm", "core.rollout.vllm:VLLMRollout", check=vllm_problems)
+ROLLOUT_ENGINES.declare("vllm_server", "core.rollout.server:ServerRollout", check=server_problems)
 
 
 class Done:
@@ -75,9 +84,5 @@ def keeps_weights(rollout) -> bool:
 
 
 def build_rollout(name: str, model, tokenizer, cfg):
-    """The engine registered as ``name`` (its module imported first)."""
-    if name not in _ENGINES and name in _LAZY:
-        importlib.import_module(_LAZY[name])
-    if name not in _ENGINES:
-        raise KeyError(f"unknown rollout.engine {name!r}; registered: {', '.join(rollout_engines())}")
-    return _ENGINES[name](model, tokenizer, cfg)
+    """The engine ``name`` (``rollout.engine``; its module imported first) built from the policy and ``cfg``."""
+    return ROLLOUT_ENGINES.get(name)(model, tokenizer, cfg)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from core.rollout import register_rollout
 from core.rollout.batch import RolloutBatch, Sampling, assemble, concat_rollouts, eos_token_ids, left_pad
 
 
@@ -53,7 +52,6 @@ def _partitioned(model) -> bool:
     return ZeroParamStatus.NOT_AVAILABLE in status and torch.distributed.get_world_size() > 1
 
 
-@register_rollout("hf")
 class HFGenerateRollout:
     """``model.generate`` in chunks of ``rollout.generation_batch_size`` prompts (0: all at once). It generates
     synchronously, so it defines no ``start_generate``: generation one step ahead runs it at once

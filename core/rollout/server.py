@@ -40,7 +40,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch.distributed as dist
 from hydra.utils import get_class
 
-from core.rollout import register_rollout
 from core.rollout.batch import RolloutBatch, Sampling, eos_token_ids, from_token_lists
 from core.training import distributed
 
@@ -59,7 +58,6 @@ def even_shares(n: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-@register_rollout("vllm_server")
 class ServerRollout:
     """Rank 0's clients of the ``rollout.server`` engines; every rank calls every member."""
 

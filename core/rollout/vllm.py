@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 from core.errors import InputError
-from core.rollout import register_rollout
 from core.rollout.batch import RolloutBatch, Sampling, eos_token_ids, from_token_lists
 
 
@@ -73,7 +72,6 @@ def tp_groups(world: int, tp: int) -> list[list[int]]:
     return [list(range(start, start + tp)) for start in range(0, world, tp)]
 
 
-@register_rollout("vllm")
 class VLLMRollout:
     """``vllm.LLM`` colocated with the trainer; ``rollout.vllm`` holds its settings."""
 

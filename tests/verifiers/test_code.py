@@ -102,3 +102,10 @@ def test_mbpp_wrong_solution_fails(shared_data):
     row = _mbpp(shared_data)[10]
     wrong = "```python\n" + row["code"].replace("return", "return None and") + "\n```"
     assert get_verifier("code_mbpp")([wrong], test_list=[row["test_list"]]) == [0.0]
+
+
+def test_mbpp_fraction_scores_the_share_of_asserts_passed():
+    """``code_mbpp_fraction``: one process per assert, the fraction that pass; ``code_mbpp`` all or nothing."""
+    code, asserts = "```python\ndef add(a, b):\n    return a + b\n```", ["assert add(1, 2) == 3", "assert add(1, 1) == 3"]
+    assert get_verifier("code_mbpp_fraction")([code, "no code"], test_list=[asserts, asserts]) == [0.5, 0.0]
+    assert get_verifier("code_mbpp")([code], test_list=[asserts]) == [0.0]
