@@ -12,16 +12,19 @@ MASTER_ADDR, MASTER_PORT), so the loop (core/training/distributed.py) cannot tel
 - ``sbatch launch/slurm.sbatch``: one task per node running torchrun with a c10d rendezvous at the first node
   (torchtune recipes/dev/multinode_grpo.sbatch, Open-R1 slurm/train.slurm), plus one ``vllm serve`` per engine
   on the rollout GPUs of a dedicated layout (rollout=vllm_server). ``python -m core.launch [overrides]`` prints
-  its plan (:func:`plan`) as shell variables, after every check a rank would run.
+  what it starts (:func:`sbatch_values`) as shell variables, after every check a rank would run.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
 import sys
 
-from core.config.validate import ConfigError, final_config
+from core.config.plan import Layout
+from core.config.validate import ConfigError
+from core.errors import InputError
 
 _PLUGIN = "hydra_plugins.hydra_submitit_launcher.submitit_launcher."
 # Keys of hydra.launcher that every Slurm submission needs from the site (the cluster), not the recipe: they go in
@@ -62,42 +65,61 @@ def launch_problems(cfg, launcher) -> list[str]:
     return errors
 
 
+def hydra_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` (a ``python -m recipes.run`` command line) as ``@hydra.main`` reads it, with Hydra's own parser
+    (hydra/_internal/utils.py ``get_args_parser``, Hydra 1.3): the flags, each taking its value (``--cfg``/``-c``,
+    ``--package``/``-p``, ``--config-path``/``-cp``, ``--config-name``/``-cn``, ``--config-dir``/``-cd``,
+    ``--info``/``-i`` with an optional one, ``--experimental-rerun``), and the ``overrides`` apart."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(argv)
+
+
 def check_multirun(argv: list[str]) -> None:
     """Before a multirun (``-m``) submits anything: raise :class:`ConfigError` with every
     :func:`launch_problems` of its launcher, for the config its sweep overrides leave out (Hydra's own master
-    config of a multirun)."""
-    if not {"-m", "--multirun"} & set(argv) and "hydra.mode=MULTIRUN" not in argv:
+    config of a multirun). A command line that only shows something (``--cfg``, ``--info``, ``--help``) submits
+    nothing and is not checked; with ``-m`` it is refused, as Hydra refuses it (one mode per command line:
+    hydra/_internal/utils.py ``_run_hydra``), but with the way to show what the multirun would compose."""
+    args = hydra_args(argv)
+    if not (args.multirun or "hydra.mode=MULTIRUN" in args.overrides):
+        return
+    shown = [flag for flag, given in (("--cfg", args.cfg), ("--info", args.info),
+                                      ("--shell-completion", args.shell_completion)) if given]
+    if shown and args.multirun:
+        raise InputError(f"-m with {shown[0]}: Hydra runs one of --run, --multirun, --cfg, --info and "
+                         f"--shell-completion; leave out -m to show the config a multirun composes (--cfg hydra "
+                         f"shows hydra.launcher)")
+    if shown or args.help or args.hydra_help:
         return
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from core.config.composition import compose
 
-    parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    parsed = OverridesParser.create().parse_overrides(args.overrides)
     cfg = compose([o.input_line for o in parsed if not o.is_sweep_override()], with_hydra=True)
     errors = launch_problems(cfg, HydraConfig.get().launcher)
     if errors:
         raise ConfigError("cannot submit:\n  - " + "\n  - ".join(errors))
 
 
-def placement(cfg) -> dict[str, object]:
-    """Where the layout's roles run, GPUs counted node by node: learners on the first ``learner_gpus``, the
-    dedicated rollout GPUs right after them, one vLLM server per engine (``SERVERS``: ``node:devices:port``
-    each, engine ``j`` on ``rollout.server.port + j``), none straddling a node."""
-    from core.config.layout import engines, tensor_parallel
-
-    lay, tp = cfg.layout, tensor_parallel(cfg)
-    gpn, learners, rollout = int(lay.gpus_per_node), int(lay.learner_gpus), int(lay.rollout_gpus)
+def placement(lay: Layout, port: int | None) -> dict[str, object]:
+    """Where the layout's roles run (a plan's :class:`core.config.plan.Layout`), GPUs counted node by node: learners
+    on the first ``learner_gpus``, the dedicated rollout GPUs right after them, one vLLM server per engine
+    (``SERVERS``: ``node:devices:port`` each, engine ``j`` on ``port + j``: ``rollout.server.port``), none
+    straddling a node."""
+    gpn, learners, rollout, tp = lay.gpus_per_node, lay.learner_gpus, lay.rollout_gpus, lay.tp
     servers = []
-    for j in range(engines(cfg) if rollout else 0):
+    for j in range(lay.engines if rollout else 0):
         node, first = divmod(learners + j * tp, gpn)  # the engine's first GPU: its node and its index there
         if first + tp > gpn:
             raise ConfigError(f"vLLM engine {j} (rollout.vllm.tensor_parallel_size={tp}) would start at GPU {first} of "
                               f"node {node} and span nodes: with layout.learner_gpus={learners} and "
                               f"layout.gpus_per_node={gpn}, make the learners fill their nodes or TP divide the rest")
-        servers.append(f"{node}:{_span(first, first + tp)}:{int(cfg.rollout.server.port) + j}")
+        servers.append(f"{node}:{_span(first, first + tp)}:{port + j}")
     shared = rollout > 0 and learners % gpn > 0  # learners and servers split the last learner node
-    return {"NODES": int(lay.nodes), "GPUS_PER_NODE": gpn, "LEARNER_NODES": -(-learners // gpn),
+    return {"NODES": lay.nodes, "GPUS_PER_NODE": gpn, "LEARNER_NODES": -(-learners // gpn),
             "NPROC_PER_NODE": min(learners, gpn), "LEARNER_DEVICES": _span(0, learners % gpn) if shared else "",
             "ROLLOUT_GPUS": rollout, "TP": tp, "ENGINES": len(servers), "SERVERS": " ".join(servers)}
 
@@ -121,18 +143,25 @@ def serve_args(cfg) -> list[str]:
                    "--max-logprobs", "-1"]
 
 
-def plan(overrides: list[str]) -> dict[str, object]:
+def sbatch_values(overrides: list[str]) -> dict[str, object]:
     """What launch/slurm.sbatch starts for ``overrides``: the placement, the servers and their flags, the model
-    they serve and the run dir every rank shares, after every check a rank would run (in a world of the layout's
-    learners)."""
+    they serve and the run dir every rank shares, after every check a rank would run (core/config/pipeline.py
+    ``prepare``, in a world of the layout's learners), but whether the gpu extra is installed where this runs:
+    each rank checks its own."""
     from hydra.core.hydra_config import HydraConfig
 
-    from core.config.composition import compose
+    from core.config.pipeline import prepare
 
-    cfg = compose(overrides, with_hydra=True)
-    run_dir = str(HydraConfig.get().run.dir)
-    cfg = final_config(cfg, world=int(cfg.layout.learner_gpus))
-    values = placement(cfg)
+    prepared = prepare(overrides, launched=True, packages=False)
+    return launch_values(prepared, str(HydraConfig.get().run.dir))
+
+
+def launch_values(prepared, run_dir: str) -> dict[str, object]:
+    """:func:`sbatch_values` of a prepared config (core/config/pipeline.py) whose ranks share ``run_dir``."""
+    from omegaconf import OmegaConf
+
+    cfg = prepared.config
+    values = placement(prepared.plan.layout, OmegaConf.select(cfg, "rollout.server.port"))
     if not values["ROLLOUT_GPUS"]:
         return {**values, "SERVE_ARGS": "", "SERVER_TIMEOUT": 0, "MODEL": cfg.model.name_or_path or "",
                 "RUN_DIR": run_dir}
@@ -145,11 +174,9 @@ def plan(overrides: list[str]) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m core.launch [overrides]``: the plan as ``KEY=value`` lines a shell can ``eval``."""
-    from core.errors import InputError
-
+    """``python -m core.launch [overrides]``: :func:`sbatch_values` as ``KEY=value`` lines a shell can ``eval``."""
     try:
-        values = plan(argv)
+        values = sbatch_values(argv)
     except InputError as e:
         sys.exit(f"{type(e).__name__}: {e}")
     print("\n".join(f"{key}={shlex.quote(str(value))}" for key, value in values.items()))

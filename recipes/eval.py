@@ -27,8 +27,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from core.config.composition import register_resolvers  # noqa: E402
 from core.config.resume import write_config  # noqa: E402
 from core.evaluation import schema  # noqa: E402
-from core.evaluation.checks import (EvalConfigError, Source, final_config, resolve_source, set_node,  # noqa: E402
-                                    set_verifier)
+from core.evaluation.checks import EvalConfigError, Source, prepare_eval, set_node, set_verifier  # noqa: E402
 from core.evaluation.estimators import set_metrics  # noqa: E402
 from core.evaluation.sampling import SetResult, add_stop_tokens, generate, score  # noqa: E402
 from core.evaluation.sets import EvalSet, load_set, tokenize_set  # noqa: E402
@@ -73,10 +72,11 @@ def policy_by_path(path: str, model_cfg, device) -> WeightsByPath:
 
 
 def main(cfg, out_dir: str | None = None) -> float:
-    """Check, load the sets, sample, score, write rows; returns the first metric. ``out_dir`` defaults to
-    Hydra's run dir (given explicitly by tests that compose configs)."""
-    cfg = final_config(cfg)  # every key, the model, the sets, samples and k: before anything is read
-    src = resolve_source(cfg)
+    """Check, load the sets, sample, score, write rows; returns the first metric. ``cfg``: a composed eval config,
+    or one prepared already (core/evaluation/checks.py ``prepare_eval``). ``out_dir`` defaults to Hydra's run dir
+    (given explicitly by tests that compose configs)."""
+    prepared = prepare_eval(cfg)  # every key, the model, the sets, samples and k: before anything is read
+    cfg, src = prepared.config, prepared.plan
     out = Path(out_dir or HydraConfig.get().runtime.output_dir)
     sets = [_load(cfg, name) for name in cfg.eval.sets]  # rows before any model: a missing file or column fails here
     from core.models.loading import load_tokenizer

@@ -1,9 +1,9 @@
 """``python -m recipes.explain recipe=NAME [overrides]``: a recipe's batch arithmetic before any GPU-hour is spent.
 
-Composes the config as ``recipes.run`` would, runs every check a learner rank would run (in a world of the layout's
-learners, as core/launch.py does), counts the training rows after the data filters (when the data can be read
-here), and prints, in our keys and then in the source framework's own flags (``source.name``, one view per
-framework in core/reporting/source_views.py):
+Prepares the config as ``recipes.run`` would (core/config/pipeline.py ``prepare``: every check a learner rank would
+run, in a world of the layout's learners, as core/launch.py does), counts the training rows after the data filters
+(when the data can be read here), and prints the run's plan (core/config/plan.py), in our keys and then in the
+source framework's own flags (``source.name``, one view per framework in core/reporting/source_views.py):
 
 - the GPUs: learners, rollout GPUs, engines and TP, nodes;
 - one RL step: prompts, completions per prompt, completions; mini-batches and optimiser steps per step; each
@@ -21,37 +21,23 @@ import sys
 from core.reporting.source_views import SOURCE_VIEWS
 
 
-def numbers(cfg, rows: int | None) -> dict:
-    """Every derived figure of an RL recipe (``rows``: training rows after the filters, None when unknown)."""
-    from core.config.layout import engines, tensor_parallel
-    from core.config.validate import rl_batch_plan
-    from core.training.optim import warmup_steps
-
-    t, lay = cfg.train, cfg.layout
-    learners = int(lay.learner_gpus)
-    plan = rl_batch_plan(cfg, learners)
-    P, G = int(t.prompts_per_step), int(t.group_size)
-    samples = P * G
-    n = {"learners": learners, "rollout_gpus": int(lay.rollout_gpus), "nodes": int(lay.nodes),
-         "gpus_per_node": int(lay.gpus_per_node), "mode": str(lay.mode), "engines": engines(cfg),
-         "tp": tensor_parallel(cfg), "prompts": P, "group": G, "samples": samples,
-         "mini": int(t.mini_batch_size), "mini_batches": samples // int(t.mini_batch_size),
-         "ppo_epochs": int(t.ppo_epochs), "updates_per_step": plan["optimizer_steps_per_rl_step"],
-         "micro": int(t.micro_batch_size), "accum": plan["grad_accum"],
-         "samples_per_learner": samples / learners, "rows": rows}
-    n["steps_per_epoch"] = rows // P if rows is not None else None
-    epochs = t.get("epochs")
-    if epochs and n["steps_per_epoch"] is not None:
-        n["total_steps"] = int(epochs) * n["steps_per_epoch"]
-    else:
-        n["total_steps"] = int(t.total_steps) if t.total_steps is not None else None
+def numbers(plan) -> dict:
+    """Every figure of an RL recipe's plan (core/config/plan.py), by the names the lines and views use (``rows``:
+    training rows after the filters, None when unknown)."""
+    lay = plan.layout
+    n = {"learners": plan.world_size, "rollout_gpus": lay.rollout_gpus, "nodes": lay.nodes,
+         "gpus_per_node": lay.gpus_per_node, "mode": lay.mode, "engines": lay.engines, "tp": lay.tp,
+         "prompts": plan.prompts_per_step, "group": plan.group_size, "samples": plan.samples_per_step,
+         "mini": plan.mini_batch_size, "mini_batches": plan.mini_batches, "ppo_epochs": plan.ppo_epochs,
+         "updates_per_step": plan.optimizer_steps_per_rl_step, "micro": plan.micro_batch_size,
+         "accum": plan.grad_accum, "samples_per_learner": plan.samples_per_rank, "rows": plan.rows,
+         "total_steps": plan.total_steps, "total_updates": plan.total_optimizer_steps}
+    n["steps_per_epoch"] = plan.rows // plan.prompts_per_step if plan.rows is not None else None
     if n["total_steps"] is not None and n["steps_per_epoch"]:
         n["epochs"] = n["total_steps"] / n["steps_per_epoch"]
-        n["views"] = n["epochs"] * G
-    n["total_updates"] = n["total_steps"] * n["updates_per_step"] if n["total_steps"] is not None else None
-    sched = cfg.optim.scheduler
+        n["views"] = n["epochs"] * plan.group_size
     if n["total_updates"] is not None:
-        n["warmup"] = warmup_steps(sched, n["total_updates"])
+        n["warmup"] = plan.warmup
     return n
 
 
@@ -90,17 +76,19 @@ def _num(x: float) -> str:
 
 def explain(overrides: list[str]) -> list[str]:
     """The explanation of ``overrides`` as printed lines; raises the config's own error when it cannot run."""
-    from core.config.composition import compose
-    from core.config.validate import check_rl, final_config
+    from core.config.pipeline import prepare
 
-    cfg = compose(overrides, with_hydra=True)
-    learners = int(cfg.layout.learner_gpus)
-    cfg = final_config(cfg, world=learners, packages=False)  # explains anywhere: the gpu extra may be absent
-    if cfg.loop != "rl":
-        raise SystemExit(f"recipes.explain explains RL recipes; loop={cfg.loop}")
-    rows, why = _train_rows(cfg)
-    check_rl(cfg, world_size=learners, num_train_rows=rows, packages=False)
-    n = numbers(cfg, rows)
+    prepared = prepare(overrides, launched=True, packages=False)  # explains anywhere: the gpu extra may be absent
+    if prepared.config.loop != "rl":
+        raise SystemExit(f"recipes.explain explains RL recipes; loop={prepared.config.loop}")
+    return explanation(prepared, *_train_rows(prepared.config))
+
+
+def explanation(prepared, rows: int | None, why: str = "") -> list[str]:
+    """The lines of a prepared RL config (core/config/pipeline.py) with ``rows`` training rows (None: unknown,
+    ``why`` says why); raises the config's own error when a step needs more prompts than there are rows."""
+    cfg, plan = prepared.config, prepared.plan
+    n = numbers(plan if rows is None else plan.for_rows(rows))
     out = lines(cfg, n)
     if why:
         out.append(f"  (rows: {why})")

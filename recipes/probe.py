@@ -49,7 +49,7 @@ class Phase:
     tokens: int  # tokens per row
 
 
-# loop -> fn(cfg, gpus) -> (list[Phase], models): the phases of one micro-step of that loop
+# loop -> fn(cfg, plan) -> (list[Phase], models): the phases of one micro-step of that loop
 PHASES: Registry = Registry("loop")
 
 
@@ -59,13 +59,14 @@ def probe(overrides: list[str], fake: bool = True) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    cfg = compose(overrides)
+    prepared = prepared_config(overrides)
+    cfg = prepared.config
     hw, gpus = cfg.hardware, shard_gpus(cfg)
     start = time.perf_counter()
     # a ShapeEnv lets the loops' .item() metrics return symbols instead of failing on data-less tensors
     tensors = FakeTensorMode(shape_env=ShapeEnv()) if fake else contextlib.nullcontext()
     with tensors, configs_only(cfg), flash_like_attention(), torch.random.fork_rng():
-        phases, models = PHASES.get(cfg.loop)(cfg, gpus)
+        phases, models = PHASES.get(cfg.loop)(cfg, prepared.plan)
     res = resident(cfg, models, gpus)
     training = sum(v for k, v in res.items() if k != "vllm_awake")
     per_phase = {p.name: {"peak_bytes": training + p.activations, "activation_bytes": p.activations,
@@ -81,17 +82,17 @@ def probe(overrides: list[str], fake: bool = True) -> dict:
             "probe_seconds": round(time.perf_counter() - start, 1)}
 
 
-def compose(overrides: list[str]):
-    """The recipe's final config as a run would check it (in a world of its learners), with :data:`PROBE_OVERRIDES`;
-    an unknown recipe or hardware profile names the available ones."""
+def prepared_config(overrides: list[str]):
+    """The recipe's config with :data:`PROBE_OVERRIDES`, prepared as a run prepares it (core/config/pipeline.py
+    ``prepare``, checked in a world of its learners); an unknown recipe or hardware profile names the available
+    ones."""
     from hydra.errors import MissingConfigException
 
-    from core.config.composition import compose as hydra_compose
-    from core.config.validate import final_config
+    from core.config.pipeline import prepare
     from core.paths import CONF_DIR
 
     try:
-        cfg = hydra_compose(PROBE_OVERRIDES + overrides, with_hydra=True)
+        return prepare(PROBE_OVERRIDES + overrides, launched=True, packages=False)
     except MissingConfigException as e:
         group = next((g for g in ("recipe", "hardware") if f"'{g}/" in str(e) or f"{g}=" in str(e)), None)
         if group is None:
@@ -99,7 +100,6 @@ def compose(overrides: list[str]):
         given = next(o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == group)
         names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         raise InputError(f"{group}={given}: no such {group}; available: {', '.join(names)}") from None
-    return final_config(cfg, world=int(cfg.layout.learner_gpus), packages=False)
 
 
 def shard_gpus(cfg) -> int:
@@ -254,13 +254,13 @@ def prompt_tokens(cfg) -> int:
 
 
 @PHASES.register("rl")
-def rl_phases(cfg, gpus: int):
+def rl_phases(cfg, plan):
     """``logprobs`` and ``update`` of recipes/rl.py, each on fake rows of full length."""
     from recipes import rl
 
-    run = _rl_run(cfg, gpus)
+    run = _rl_run(cfg, plan)
     P, R = prompt_tokens(cfg), int(cfg.rollout.max_new_tokens)
-    lp_rows, micro = int(cfg.train.logprob_micro_batch_size), int(cfg.train.micro_batch_size)
+    lp_rows, micro = plan.logprob_micro_batch_size, plan.micro_batch_size
     models = [run.engine.module, run.ref and run.ref.module, run.critic and run.critic.module]
     act, flops = measure(lambda: rl.rollout_forwards(run, _rollout(lp_rows, P, R)), models)
     phases = [Phase("logprobs", act, flops, lp_rows, P + R)]
@@ -275,22 +275,21 @@ def rl_phases(cfg, gpus: int):
                     "critic": run.critic and run.critic.module}
 
 
-def _rl_run(cfg, gpus: int):
+def _rl_run(cfg, plan):
     """A :class:`recipes.rl.Run` holding what one micro-step touches: the models as :func:`recipes.rl.load_models`
     builds them, the policy's and critic's engines (plain torch: ZeRO's sharding is counted by
     :func:`model_states`), the frozen reference, the KL controller."""
     from core.algorithms.kl_control import KLController
     from core.config.schema import ZeroConfig, node
-    from core.config.validate import rl_batch_plan
     from core.training.engine import FrozenModel, TorchEngine
     from recipes import rl
 
-    plan, cpu = rl_batch_plan(cfg, gpus), torch.device("cpu")
+    cpu = torch.device("cpu")
     policy, ref, critic = rl.load_models(cfg, model_path(cfg.model))
-    engine = TorchEngine(policy, cfg.optim, 1, plan["grad_accum"], cpu)
+    engine = TorchEngine(policy, cfg.optim, 1, plan.grad_accum, cpu)
     ref = FrozenModel(ref, node(ZeroConfig), cpu) if ref is not None else None
     if critic is not None:
-        critic = TorchEngine(critic, rl._critic_optim(cfg), 1, plan["grad_accum"], cpu)
+        critic = TorchEngine(critic, rl._critic_optim(cfg), 1, plan.grad_accum, cpu)
     return rl.Run(cfg, None, plan, [], [], [], [], None, cpu, engine, ref, None, None, None, None, None,
                   critic=critic, kl_ctl=KLController(cfg.kl))
 
@@ -316,13 +315,13 @@ def _forwards(roll, run):
 def _agg(cfg, run, mask):
     from core.algorithms.loss import AggContext
 
-    return AggContext(num_micro_batches=run.plan["grad_accum"], step_tokens=float(mask.numel() * run.plan["grad_accum"]),
-                      world_size=run.plan["world_size"], max_tokens=int(cfg.rollout.max_new_tokens))
+    return AggContext(num_micro_batches=run.plan.grad_accum, step_tokens=float(mask.numel() * run.plan.grad_accum),
+                      world_size=run.plan.world_size, max_tokens=int(cfg.rollout.max_new_tokens))
 
 
 # ----------------------------------------------------------------------------- the reward-model loop's phase
 @PHASES.register("rm")
-def rm_phases(cfg, gpus: int):
+def rm_phases(cfg, plan):
     """``rm_update``: recipes/rm.py's micro-step (pair forward, Bradley-Terry loss, backward) on ``micro`` pairs of
     ``train.max_len`` tokens, packed or padded as ``train.packing`` says."""
     from core.models import reward_model as RM
@@ -337,7 +336,7 @@ def rm_phases(cfg, gpus: int):
     with copies_stay_fake():  # LoRA's modules_to_save deep-copies the score head
         model = rm.build_model(model_path(cfg.model), cfg, _Tokenizer())
     engine = TorchEngine(model, cfg.optim, 1, 1, cpu)
-    L, micro = int(t.max_len), int(t.micro_batch_size)
+    L, micro = t.max_len, plan.micro_batch_size
     pairs = [{"chosen": [0] * L, "rejected": [0] * L} for _ in range(micro)]
     batch = RM.packed_batch(pairs) if t.packing else RM.pair_batch(pairs, 0, t.padding_side)
 

@@ -35,8 +35,9 @@ from core.algorithms import shaping
 from core.algorithms.advantage import AdvantageInput, compute_advantages, value_mask
 from core.algorithms.kl_control import KLController
 from core.algorithms.loss import AGGREGATIONS, AggContext, LossInput, compute_policy_loss, kl_penalty, masked_mean
-from core.config import validate
-from core.config.frozen import FrozenConfig, freeze
+from core.config.frozen import FrozenConfig
+from core.config.pipeline import prepare, recorded
+from core.config.plan import RLPlan, needs_reference
 from core.config.resume import check_resume_config, write_config
 from core.data import prompts as D
 from core.models.critic import chunked_values, load_critic, token_values, value_loss
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 class Run:
     cfg: object
     run_dir: Path
-    plan: dict
+    plan: RLPlan
     train_rows: list
     eval_rows: list
     train_ids: list
@@ -83,7 +84,8 @@ class Run:
 
 
 def main(cfg, run_dir: str | None = None) -> float:
-    """Setup, train, save; returns the final greedy held-out accuracy (the sweep objective).
+    """Setup, train, save; returns the final greedy held-out accuracy (the sweep objective). ``cfg``: a
+    composed config, or one prepared already (core/config/pipeline.py ``prepare``: recipes/run.py's).
     ``run_dir`` defaults to Hydra's run dir (given explicitly by tests that compose configs). A run dir
     that holds a finished run is not run again (``resume`` true or auto): its recorded objective returns."""
     try:
@@ -96,32 +98,32 @@ def main(cfg, run_dir: str | None = None) -> float:
 
 
 def setup(cfg, run_dir: str | None = None) -> Run:
-    cfg = validate.final_config(cfg)  # scale applied, every key checked against its schema: before anything else
+    prepared = prepare(cfg)  # scaled, checked, planned and frozen (core/config/pipeline.py): before anything else
+    cfg = prepared.frozen
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     dtype = check_precision(cfg.model.dtype, device)
-    rank, world = distributed.init(device)
+    rank, _ = distributed.init(device)
     seed_everything(int(cfg.seed), bool(cfg.deterministic))
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
-    plan = validate.check_rl(cfg, world_size=world, num_train_rows=len(train_rows))  # before any model
+    plan = prepared.plan.for_rows(len(train_rows))  # a step's prompts fit in the data: before any model
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     train_rows, train_ids = D.tokenize_rows(train_rows, cfg.data, tokenizer)  # data.max_prompt_tokens applied
     eval_rows, eval_ids = D.tokenize_rows(eval_rows, cfg.data, tokenizer)
-    cfg.train.total_steps = validate.rl_total_steps(cfg.train, len(train_rows))  # train.epochs: passes over the rows
+    plan = plan.for_rows(len(train_rows))  # train.epochs: passes over the rows data.max_prompt_tokens kept
     verifier = get_verifier(cfg.verifier.name)
     run_dir = Path(distributed.broadcast_object(str(run_dir or HydraConfig.get().runtime.output_dir)))
     prior = prior_run(run_dir, cfg.resume)  # before any model: what the dir holds must fit `resume`
     if prior.checkpoint is not None:
-        check_resume_config(run_dir, cfg)
+        check_resume_config(run_dir, recorded(cfg, plan))
     elif distributed.is_main():
-        write_config(run_dir, cfg)
+        write_config(run_dir, recorded(cfg, plan))
     distributed.barrier()
-    cfg = freeze(cfg)  # validated and saved: plain read-only containers from here (core/config/frozen.py)
     if int(cfg.train.warm_start.steps) > 0:
         answers = [r["answer"] for r in train_rows]
         path = str(warm_started_dir(path, cfg.model, cfg.train.warm_start, train_ids, answers, device, verifier,
                                     int(cfg.rollout.max_new_tokens)))
-    total_updates = int(cfg.train.total_steps) * plan["optimizer_steps_per_rl_step"]
+    total_updates = plan.total_optimizer_steps
     # ZeRO-3: every weight partitioned as it loads; the reference under its own config (zero.offload_reference)
     policy, ref, critic = load_models(cfg, path, lambda reference: model_init(cfg.zero, dtype, reference=reference))
     engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)
@@ -153,21 +155,15 @@ def load_models(cfg, path: str, placed=None):
     with placed(False):
         policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
     with placed(True):
-        ref = load_causal_lm(path, cfg.model) if _wants_reference(cfg.kl) else None  # beta = 0: none at all
+        ref = load_causal_lm(path, cfg.model) if needs_reference(cfg.kl) else None  # beta = 0: none at all
     with placed(False):
         critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model), cfg.train.disable_dropout)
                   if "critic" in cfg.advantage else None)
     return policy, ref, critic
 
 
-def _wants_reference(kl_cfg) -> bool:
-    """``kl.reference``: auto builds the reference iff beta > 0 (OpenRLHF, TRL skip it at 0)."""
-    ref = kl_cfg.reference
-    return float(kl_cfg.coef) > 0 if ref == "auto" else bool(ref)
-
-
-def _train_engine(model, cfg, optim_cfg, total_updates: int, plan: dict, device: torch.device):
-    return build_train_engine(model, optim_cfg, cfg.zero, total_updates, plan["grad_accum"],
+def _train_engine(model, cfg, optim_cfg, total_updates: int, plan: RLPlan, device: torch.device):
+    return build_train_engine(model, optim_cfg, cfg.zero, total_updates, plan.grad_accum,
                               int(cfg.train.micro_batch_size), device)
 
 
@@ -191,7 +187,7 @@ def _resume(run: Run, ckpt: Path) -> None:
         if run.critic is not None:
             run.critic.retune(_critic_optim(run.cfg).optimizer)
     if distributed.is_main():
-        write_config(run.run_dir, run.cfg)  # the resumed config (only keys a resume may change differ)
+        write_config(run.run_dir, recorded(run.cfg, run.plan))  # the resumed config (only keys a resume may change differ)
 
 
 class _Engines:
@@ -218,12 +214,12 @@ def train(run: Run) -> None:
         run.history["eval_before"] = evaluate(run)
         run.writer.log(0, {"eval/accuracy": run.history["eval_before"]})
     start = time.perf_counter()
-    bar = tqdm(total=int(t.total_steps), initial=run.step, desc=run.cfg.recipe_name,
+    bar = tqdm(total=run.plan.total_steps, initial=run.step, desc=run.cfg.recipe_name,
                disable=not (cfg.logger.progress and distributed.is_main()), dynamic_ncols=True)
-    while run.step < int(t.total_steps):
+    while run.step < run.plan.total_steps:
         metrics = rl_step(run)
         run.step += 1
-        if int(t.eval_every) and run.step % int(t.eval_every) == 0 and run.step < int(t.total_steps):
+        if int(t.eval_every) and run.step % int(t.eval_every) == 0 and run.step < run.plan.total_steps:
             metrics["eval/accuracy"] = keep_best(run, evaluate(run))
         run.writer.log(run.step, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}",
@@ -244,7 +240,7 @@ def rl_step(run: Run) -> dict:
     """One RL step: sample, score and shape, rollout-phase forwards, advantages, updates."""
     reset_peak_memory()  # memory/peak_mb is this step's
     cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
-    more = run.step + 1 < int(cfg.train.total_steps)  # a step follows: with generate_ahead its batch starts now
+    more = run.step + 1 < run.plan.total_steps  # a step follows: with generate_ahead its batch starts now
     # the batch generated one step ahead, else this step's generated now (core/rollout/ahead.py)
     idx, roll, made_by = run.gen.next_batch(run.engine, run.step, lambda: draw_prompts(run),
                                             Sampling.from_cfg(cfg.rollout), more, timer)
@@ -341,7 +337,7 @@ def rollout_forwards(run: Run, roll: RolloutBatch) -> Forwards:
     temp = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)  # greedy: T = 1 log-probs
     args = (roll.input_ids, roll.attention_mask, roll.prompt_length)
     is_mode = cfg.loss.is_correction.mode
-    need_old = (run.plan["optimizer_steps_per_rl_step"] > 1 or is_mode != "none"
+    need_old = (run.plan.optimizer_steps_per_rl_step > 1 or is_mode != "none"
                 or (run.ref is not None and cfg.kl.placement == "reward"))
     packing = cfg.train.packing
     return Forwards(
@@ -367,15 +363,15 @@ def update(run: Run, roll: RolloutBatch, mask, adv, ret, fw: Forwards) -> dict:
     the critic (if any) steps alongside the policy on the same micro-batches (Open-Instruct PPO). The
     micro-batch metrics add up on the device (float64, as the floats did) and reach the host once, at the end."""
     t = run.cfg.train
-    mini = int(t.mini_batch_size) // run.plan["world_size"]  # this rank's rows of one optimiser step
-    micro, accum = int(t.micro_batch_size), run.plan["grad_accum"]
+    mini = run.plan.mini_batch_per_rank  # this rank's rows of one optimiser step
+    micro, accum = int(t.micro_batch_size), run.plan.grad_accum
     N, sums, steps = roll.input_ids.shape[0], {}, 0
     for epoch in range(int(t.ppo_epochs)):
         order = epoch_order(run, N, epoch)  # [N] rows in the order this epoch visits them
         for m0 in range(0, N, mini):
             tokens = distributed.all_sum(mask[order[m0:m0 + mini]].sum().double())  # the step's, all ranks
             agg = AggContext(num_micro_batches=accum, step_tokens=float(tokens),
-                             world_size=run.plan["world_size"], max_tokens=int(run.cfg.rollout.max_new_tokens))
+                             world_size=run.plan.world_size, max_tokens=int(run.cfg.rollout.max_new_tokens))
             for u0 in range(m0, m0 + mini, micro):
                 m = micro_step(run, roll, order[u0:u0 + micro], mask, adv, ret, fw, agg)
                 for k, v in m.items():

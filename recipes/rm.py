@@ -21,10 +21,11 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
-from core.config.validate import ConfigError, final_config, rm_batch_problems
+from core.config.pipeline import prepare, recorded
+from core.config.plan import RMPlan
 from core.config.resume import check_resume_config, write_config
 from core.data import preferences as PD
-from core.data.prompts import DataError, PromptSampler
+from core.data.prompts import PromptSampler
 from core.models import reward_model as RM
 from core.models.loading import for_training, load_tokenizer, model_dir
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory, to_floats
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 class Run:
     cfg: object
     run_dir: Path
-    plan: dict
+    plan: RMPlan
     train_pairs: list
     eval_pairs: list
     data_stats: dict
@@ -57,7 +58,8 @@ class Run:
 
 
 def main(cfg) -> float:
-    """Setup, train, save; returns the final held-out pair accuracy (the sweep objective). A run dir that
+    """Setup, train, save; returns the final held-out pair accuracy (the sweep objective). ``cfg``: a composed
+    config, or one prepared already (core/config/pipeline.py ``prepare``: recipes/run.py's). A run dir that
     holds a finished run is not run again (``resume`` true or auto): its recorded objective returns."""
     try:
         run = setup(cfg)
@@ -69,21 +71,22 @@ def main(cfg) -> float:
 
 
 def setup(cfg) -> Run:
-    cfg = final_config(cfg)  # scale applied, every key checked against its schema: before anything else
+    prepared = prepare(cfg)  # scaled, checked, planned and frozen (core/config/pipeline.py): before anything else
+    cfg = prepared.frozen
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     dtype = check_precision(cfg.model.dtype, device)
     distributed.init(device)
     seed_everything(int(cfg.seed), bool(cfg.deterministic))
     train_rows, eval_rows, stats = PD.load_pairs(cfg.data)  # text checks: before any model
-    plan_batches(cfg.train, len(train_rows))
+    prepared.plan.for_rows(len(train_rows))  # the pairs make a step before the length filters: before any model
     if int(cfg.train.lora.rank) > 0:
         RM.check_lora_targets(cfg.train.lora, RM.model_skeleton(cfg.model))  # meta device, no weights
     run_dir = Path(distributed.broadcast_object(str(HydraConfig.get().runtime.output_dir)))  # rank 0's
     prior = prior_run(run_dir, cfg.resume)  # before any model: what the dir holds must fit `resume`
     if prior.checkpoint is not None:
-        check_resume_config(run_dir, cfg)
+        check_resume_config(run_dir, recorded(cfg, prepared.plan))
     elif distributed.is_main():
-        write_config(run_dir, cfg)
+        write_config(run_dir, recorded(cfg, prepared.plan))
     distributed.barrier()  # the config is written before any rank reads the dir again
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
@@ -91,10 +94,10 @@ def setup(cfg) -> Run:
     max_len = int(cfg.train.max_len)
     train_pairs = PD.tokenize_pairs(train_rows, tokenizer, cfg.data, max_len, stats["train"])
     eval_pairs = PD.tokenize_pairs(eval_rows, tokenizer, cfg.data, max_len, stats["eval"])
-    plan = plan_batches(cfg.train, len(train_pairs))  # again: length filters may have dropped pairs
+    plan = prepared.plan.for_rows(len(train_pairs))  # again: length filters may have dropped pairs
     with model_init(cfg.zero, dtype):  # ZeRO-3: every weight partitioned as it loads
         model = build_model(path, cfg, tokenizer)
-    engine = build_train_engine(model, cfg.optim, cfg.zero, plan["total_steps"], plan["grad_accum"],
+    engine = build_train_engine(model, cfg.optim, cfg.zero, plan.total_steps, plan.grad_accum,
                                 int(cfg.train.micro_batch_size), device)
     run = Run(cfg, run_dir, plan, train_pairs, eval_pairs, stats, tokenizer, device, engine,
               PromptSampler(len(train_pairs), int(cfg.train.batch_size), int(cfg.seed)),
@@ -105,22 +108,6 @@ def setup(cfg) -> Run:
     else:
         run.writer.rewind(0)  # resume=auto without a checkpoint: a killed attempt's records go
     return run
-
-
-def plan_batches(t, num_pairs: int) -> dict:
-    """Optimiser steps and accumulation from the global batch; clear errors before any model."""
-    world = distributed.world()
-    batch, micro = int(t.batch_size), int(t.micro_batch_size)
-    problems = rm_batch_problems(t, world)
-    if problems:
-        raise ConfigError(problems[0])
-    steps = int(t.epochs) * (num_pairs // batch)  # both sources floor: len(data) // batch_size
-    if t.max_steps:
-        steps = min(steps, int(t.max_steps))
-    if steps < 1:
-        raise DataError(f"data: {num_pairs} usable training pairs make no optimiser step of "
-                        f"train.batch_size={batch} pairs")
-    return {"world": world, "grad_accum": batch // (micro * world), "total_steps": steps}
 
 
 def build_model(path: str, cfg, tokenizer):
@@ -142,7 +129,7 @@ def _resume(run: Run, ckpt: Path) -> None:
     if run.cfg.resume_allow_changes:  # the config's optimiser values, not the checkpoint's
         run.engine.retune(run.cfg.optim.optimizer)
     if distributed.is_main():
-        write_config(run.run_dir, run.cfg)
+        write_config(run.run_dir, recorded(run.cfg, run.plan))
 
 
 def train(run: Run) -> None:
@@ -152,7 +139,7 @@ def train(run: Run) -> None:
         run.history["eval_before"] = evaluate(run) if t.eval_before else {}
         run.writer.log(0, run.history["eval_before"])
     start = time.perf_counter()
-    total = run.plan["total_steps"]
+    total = run.plan.total_steps
     bar = tqdm(total=total, initial=run.step, desc=run.cfg.recipe_name,
                disable=not (run.cfg.logger.progress and distributed.is_main()), dynamic_ncols=True)
     while run.step < total:
@@ -187,8 +174,8 @@ def rm_step(run: Run) -> dict:
     the device (float64) and reach the host once."""
     reset_peak_memory()  # memory/peak_mb is this step's
     t, engine, timer = run.cfg.train, run.engine, PhaseTimer()
-    idx = run.sampler.next()[distributed.rank()::run.plan["world"]]
-    micro, accum = int(t.micro_batch_size), run.plan["grad_accum"]
+    idx = run.sampler.next()[distributed.rank()::run.plan.world_size]
+    micro, accum = int(t.micro_batch_size), run.plan.grad_accum
     sums = {}
     with timer.phase("update"):
         for u0 in range(0, len(idx), micro):

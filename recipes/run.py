@@ -1,12 +1,11 @@
 """Entry point: ``python -m recipes.run [recipe=NAME] [scale=tiny] [key=value ...]``.
 
-Composes ``conf/config.yaml`` with Hydra (no change of working directory) and hands the config to the
-loop named by ``loop`` (recipes/__init__.py ``LOOPS``), which applies ``scale`` and checks every key before
-anything else (core/config/validate.py ``final_config``). Returns the loop's objective so Hydra sweepers
-can optimise it.
+Composes ``conf/config.yaml`` with Hydra (no change of working directory), prepares it (core/config/pipeline.py
+``prepare``: ``scale`` applied, every key checked, the run's plan derived, the config frozen) and hands it to the
+loop named by ``loop`` (recipes/__init__.py ``LOOPS``). Returns the loop's objective so Hydra sweepers can optimise it.
 
-Two things differ from a plain ``@hydra.main`` script: ``--cfg job`` prints the config the loop will run,
-after ``scale`` (Hydra's own would print it before), and a bad config, data file or resume prints its
+Two things differ from a plain ``@hydra.main`` script: ``--cfg job`` prints the config the loop will run, prepared
+as the loop prepares it (Hydra's own would print it before ``scale``), and a bad config, data file or resume prints its
 message and exits 1 instead of a traceback; a key Hydra refuses while composing gets the nearest valid
 names added. Every other error keeps its full traceback.
 """
@@ -29,9 +28,11 @@ register_resolvers()
 
 
 def run(cfg: DictConfig) -> float | None:
-    """Dispatch to the ``main(cfg)`` of loop ``cfg.loop`` (recipes/__init__.py ``LOOPS``); the loop validates before
-    building any model."""
-    return LOOPS.get(cfg.loop)(cfg)
+    """Dispatch to the ``main`` of loop ``cfg.loop`` (recipes/__init__.py ``LOOPS``) with ``cfg`` prepared: nothing
+    is built before every check passed."""
+    from core.config.pipeline import prepare
+
+    return LOOPS.get(cfg.loop)(prepare(cfg))
 
 
 def _quiet() -> None:
@@ -65,21 +66,19 @@ def set_cpu_threads(n: int) -> None:
 
 
 def _print_job_config(argv: list[str]) -> bool:
-    """``--cfg job`` (``-c job``): print the final config (scale applied) and return True."""
-    for flag in ("--cfg", "-c"):
-        if flag in argv and argv[argv.index(flag) + 1:argv.index(flag) + 2] == ["job"]:
-            break
-    else:
-        return False
+    """``--cfg job`` (``-c job``): print the config the loop will run and return True. It is prepared as the
+    loop prepares it (scaled to this machine), checked in the world its layout asks for, whether or not the gpu
+    extra is installed here."""
     from omegaconf import OmegaConf
 
-    from core.config.composition import compose
-    from core.config.scale import apply_scale, command_line_keys
+    from core.config.pipeline import prepare
+    from core.launch import hydra_args
 
-    i = argv.index(flag)
-    rest = argv[:i] + argv[i + 2:]
-    cfg = compose([a for a in rest if not a.startswith("-")], with_hydra=True)  # sets this job's HydraConfig
-    print(OmegaConf.to_yaml(apply_scale(cfg, command_line_keys()), resolve="--resolve" in rest), end="")
+    args = hydra_args(argv)
+    if args.cfg != "job":
+        return False
+    prepared = prepare(args.overrides, launched=True, packages=False)
+    print(OmegaConf.to_yaml(prepared.config, resolve=args.resolve), end="")
     return True
 
 
@@ -98,10 +97,9 @@ def _nearest(cause) -> str:
 def cli() -> None:
     from core.launch import check_multirun
 
-    if _print_job_config(sys.argv[1:]):
-        return
-
     def start():
+        if _print_job_config(sys.argv[1:]):
+            return
         check_multirun(sys.argv[1:])  # what a submitit launcher cannot start, before it submits anything
         main()
 

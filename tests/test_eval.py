@@ -15,7 +15,7 @@ import torch
 
 from core.config.composition import compose
 from core.evaluation import schema as eval_schema
-from core.evaluation.checks import EvalConfigError, final_config
+from core.evaluation.checks import EvalConfigError, prepare_eval
 from core.evaluation.estimators import (mean_correct, mean_pass_at_k, pass_at_k, pass_at_k_fraction,
                                         set_metrics)
 from core.evaluation.sampling import completion_texts
@@ -124,7 +124,7 @@ BAD = [
 @pytest.mark.parametrize("overrides, message", BAD, ids=[b[1][:40] for b in BAD])
 def test_bad_inputs_are_refused_with_the_key_named(overrides, message):
     with pytest.raises(EvalConfigError) as e:
-        final_config(_eval_cfg(*overrides))
+        prepare_eval(_eval_cfg(*overrides))
     assert message in str(e.value)
 
 
@@ -133,7 +133,7 @@ def test_every_preset_composes_and_checks(tmp_path):
     assert {"greedy", "simplerl_zoo_math500_greedy", "simplerl_zoo_aime24_avg32", "simplerl_zoo_paper",
             "open_r1_math500", "open_r1_aime24"} <= set(presets) and len(presets) == 6
     for name in presets:
-        cfg = final_config(_eval_cfg(f"eval={name}", f"paths.results_dir={tmp_path}"))
+        cfg = prepare_eval(_eval_cfg(f"eval={name}", f"paths.results_dir={tmp_path}")).config
         assert cfg.preset == name and cfg.eval.sets and "{prompt}" in cfg.data.template
 
 
@@ -280,11 +280,9 @@ def test_a_run_dirs_best_policy_is_evaluated_when_asked_and_refused_when_absent(
     """``run_model=best`` reads ``best/`` (``train.keep_best``) instead of ``model/``."""
     import shutil
 
-    from core.evaluation.checks import resolve_source
-
     run = _run_dir(tmp_path)
     with pytest.raises(EvalConfigError, match=r"run_model=best: no best/ \(the run saves it with train.keep_best"):
-        final_config(_eval_cfg(f"run_dir={run}", "model.name_or_path=null", "run_model=best"))
+        prepare_eval(_eval_cfg(f"run_dir={run}", "model.name_or_path=null", "run_model=best"))
     shutil.copytree(run / "model", run / "best")
-    cfg = final_config(_eval_cfg(f"run_dir={run}", "model.name_or_path=null", "run_model=best"))
-    assert resolve_source(cfg).path == str(run.resolve() / "best")
+    prepared = prepare_eval(_eval_cfg(f"run_dir={run}", "model.name_or_path=null", "run_model=best"))
+    assert prepared.plan.path == str(run.resolve() / "best")

@@ -19,8 +19,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
 from core.config.composition import register_resolvers
-from core.config.validate import ConfigError, final_config
-from core.launch import check_multirun, export_submitit_ranks, launch_problems, plan
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
+from core.errors import InputError
+from core.launch import check_multirun, export_submitit_ranks, hydra_args, launch_problems, sbatch_values
 from core.paths import CONF_DIR, PROJECT_ROOT
 from tests.helpers import CLI_ENV, FAST, cli_command, results
 
@@ -148,6 +150,40 @@ def test_check_multirun_looks_only_at_multiruns_and_ignores_sweeps(composed):
                         "hydra.launcher.partition=gpu", "hydra.launcher.account=null"])
 
 
+# Every Hydra flag that takes a value (hydra/_internal/utils.py get_args_parser), each with one, and --info without
+# its optional one: none of them or their values is an override. (Hydra's argparse takes the overrides in one run,
+# before or after the flags; a bare --info last, or it would read the next override as its value.)
+VALUE_FLAGS = [["--cfg", "job"], ["-c", "all"], ["--package", "train"], ["-p", "train"], ["--config-path", "conf"],
+               ["-cp", "conf"], ["--config-name", "config"], ["-cn", "config"], ["--config-dir", "conf"],
+               ["-cd", "conf"], ["--info", "defaults"], ["-i", "plugins"], ["--info"], ["-i"],
+               ["--experimental-rerun", "config.pickle"], ["--cfg=hydra"]]
+SHOWN = ("--cfg", "-c", "--info", "-i")  # a command line with one of these submits nothing
+
+
+def test_every_hydra_flag_with_a_value_is_covered_and_kept_apart_from_the_overrides():
+    from hydra._internal.utils import get_args_parser
+
+    takes_value = {o for a in get_args_parser()._actions if a.option_strings and a.nargs != 0 for o in a.option_strings}
+    assert takes_value == {f[0].split("=")[0] for f in VALUE_FLAGS} and len(takes_value) == 13
+    overrides = ["hydra/launcher=slurm", "seed=0,1"]
+    for flag in VALUE_FLAGS:
+        for argv in ([*overrides, *flag], *([[*flag, *overrides]] if len(flag) == 2 else [])):
+            assert hydra_args(["-m", *argv]).overrides == overrides, argv
+
+
+@pytest.mark.parametrize("flag", VALUE_FLAGS, ids=" ".join)
+def test_check_multirun_reads_past_every_hydra_flag(composed, flag):
+    """``-m hydra/launcher=slurm --cfg hydra`` once parsed ``hydra`` as an override. A flag that only shows something
+    is refused with ``-m`` as Hydra refuses it, and says what to run instead; any other is checked as before."""
+    overrides = ["hydra/launcher=slurm", "layout=simplerl_zoo_2node", "seed=0,1", "hydra.launcher.partition=gpu",
+                 "hydra.launcher.account=null"]
+    shown = flag[0].split("=")[0] in SHOWN
+    with pytest.raises(InputError, match="leave out -m to show" if shown else "hydra.launcher.account not set"):
+        check_multirun(["-m", *overrides, *flag])
+    if shown:
+        check_multirun(["hydra.mode=MULTIRUN", *overrides, *flag])  # shows only: nothing to check
+
+
 def test_the_cli_refuses_to_submit_and_says_why(tmp_path):
     cmd = cli_command(tmp_path, "hydra/launcher=slurm", "layout=simplerl_zoo_2node", "hydra.launcher.partition=null",
                       "hydra.launcher.account=null", "seed=0,1", multirun=True)
@@ -155,6 +191,13 @@ def test_the_cli_refuses_to_submit_and_says_why(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "ConfigError: cannot submit:\n  - hydra.launcher.partition and hydra.launcher.account not set" in proc.stderr
     assert not (tmp_path / "sweep").exists()  # nothing was submitted
+
+
+def test_the_cli_says_how_to_show_a_multiruns_launcher(tmp_path):
+    proc = subprocess.run(cli_command(tmp_path, "hydra/launcher=slurm", "--cfg", "hydra", multirun=True),
+                          cwd=PROJECT_ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Error parsing override" not in proc.stderr
+    assert "InputError: -m with --cfg: Hydra runs one of" in proc.stderr and "leave out -m" in proc.stderr
 
 
 def test_a_submitit_task_exports_its_rank_and_validates_in_that_world(composed):
@@ -169,7 +212,7 @@ def test_a_submitit_task_exports_its_rank_and_validates_in_that_world(composed):
         assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} \
             == {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "gpu1"}
         assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible  # every GPU visible; LOCAL_RANK picks one
-        final_config(composed("layout=simplerl_zoo_2node", "train.micro_batch_size=8"))
+        prepare(composed("layout=simplerl_zoo_2node", "train.micro_batch_size=8"))
         os.environ["WORLD_SIZE"] = "2"
         export_submitit_ranks()  # under torchrun its variables stand
         assert os.environ["WORLD_SIZE"] == "2" and os.environ["RANK"] == "9"
@@ -262,19 +305,19 @@ DEDICATED_ARGS = ["layout=dedicated", "rollout=vllm_server", "model.name_or_path
                   "train.prompts_per_step=14", "train.mini_batch_size=112", "train.micro_batch_size=16"]
 
 
-def test_the_plan_of_a_dedicated_layout(composed):
-    """``core.launch.plan`` of Open-Instruct 8B's 7 + 1 and Open-R1's 1 + 1 nodes (what the stand-in Python below
+def test_the_sbatch_values_of_a_dedicated_layout(composed):
+    """``core.launch.sbatch_values`` of Open-Instruct 8B's 7 + 1 and Open-R1's 1 + 1 nodes (what the stand-in Python below
     prints), and the layouts whose servers it cannot place."""
-    assert plan([*DEDICATED_ARGS, "rollout.server.timeout_s=1", "hydra.run.dir=/runs/x"]) == DEDICATED
-    two = plan(["layout=open_r1_2node", "rollout=vllm_server", "rollout.vllm.tensor_parallel_size=4",
+    assert sbatch_values([*DEDICATED_ARGS, "rollout.server.timeout_s=1", "hydra.run.dir=/runs/x"]) == DEDICATED
+    two = sbatch_values(["layout=open_r1_2node", "rollout=vllm_server", "rollout.vllm.tensor_parallel_size=4",
                 "rollout.server.hosts=[b,b]", "model.name_or_path=Qwen/Qwen2.5-Math-7B", "train.micro_batch_size=8",
                 "rollout.server.timeout_s=1", "hydra.run.dir=/runs/x"])
     assert two == TWO_SERVERS
     with pytest.raises(ConfigError, match="layout.mode=dedicated serves model.name_or_path with vllm serve"):
-        plan([a for a in DEDICATED_ARGS if not a.startswith("model.")])
+        sbatch_values([a for a in DEDICATED_ARGS if not a.startswith("model.")])
     with pytest.raises(ConfigError, match="vLLM engine 1 .rollout.vllm.tensor_parallel_size=2. would start at GPU 7 "
                                           "of node 0 and span nodes"):
-        plan(["layout=open_r1_2node", "layout.learner_gpus=5", "layout.rollout_gpus=4", "rollout=vllm_server",
+        sbatch_values(["layout=open_r1_2node", "layout.learner_gpus=5", "layout.rollout_gpus=4", "rollout=vllm_server",
               "rollout.vllm.tensor_parallel_size=2", "rollout.server.hosts=[b,b]",
               "model.name_or_path=Qwen/Qwen2.5-Math-7B", "train.prompts_per_step=5", "train.mini_batch_size=40",
               "train.micro_batch_size=8"])

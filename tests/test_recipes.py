@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from core.config.composition import compose
-from core.config.validate import check_rl, final_config
+from core.config.pipeline import prepare
 from core.paths import CONF_DIR
 
 RL_RECIPES = sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml") if "\nloop: rm" not in p.read_text()
@@ -26,8 +26,7 @@ def test_a_named_recipe_validates_in_its_layout_and_cites_its_source(name, monke
     cfg = compose([f"recipe={name}"])
     learners = int(cfg.layout.learner_gpus)
     monkeypatch.setenv("WORLD_SIZE", str(learners))
-    cfg = final_config(cfg, world=learners, packages=False)  # the gpu extra (vLLM, flash-attn) is not here
-    check_rl(cfg, world_size=learners, packages=False)
+    cfg = prepare(cfg, world=learners, packages=False).config  # the gpu extra (vLLM, flash-attn) is not here
     assert cfg.source.name != "none" and cfg.source.ref, name
     text = (CONF_DIR / "recipe" / f"{name}.yaml").read_text()
     assert "Source:" in text, name
@@ -37,6 +36,5 @@ def test_a_named_recipe_validates_in_its_layout_and_cites_its_source(name, monke
 @pytest.mark.parametrize("name", RL_RECIPES)
 def test_every_recipe_validates_at_tiny_scale_on_this_machine(name, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    cfg = final_config(compose([f"recipe={name}", "scale=tiny"]), world=1)
-    check_rl(cfg, world_size=1)
+    cfg = prepare(compose([f"recipe={name}", "scale=tiny"]), world=1).config
     assert cfg.layout.mode == "colocate" and cfg.rollout.engine == "hf" and cfg.model.name_or_path is None

@@ -1,8 +1,8 @@
-"""Config checks that run before any model is built: the schema (types, ranges, unknown keys), inputs
-(model paths, the results dir), the layout (core/config/layout.py), batch arithmetic and incompatible
-combinations.
+"""The check step of the config pipeline (core/config/pipeline.py ``prepare``), run once before any model is built:
+the schema (types, ranges, unknown keys), inputs (model paths, the results dir), the layout (core/config/layout.py),
+batch arithmetic and incompatible combinations.
 
-Every problem found is collected and raised together, each naming the keys and values that clash.
+Every problem found is collected and raised together (:func:`refuse`), each naming the keys and values that clash.
 """
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from omegaconf import OmegaConf
 
 from core.algorithms.advantage import ADVANTAGES
 from core.algorithms.kl_control import KL_CONTROLLERS
-from core.config.layout import layout_problems, world_size
-from core.config.scale import apply_scale, command_line_keys
 from core.config.checking import check_schema
+from core.config.layout import layout_problems
 from core.errors import InputError
 from core.models.loading import model_source_problem
 from core.rollout import ROLLOUT_ENGINES
@@ -29,52 +28,71 @@ class ConfigError(InputError):
     """A config that cannot run; the message lists every problem found."""
 
 
-def final_config(cfg, world: int | None = None, packages: bool = True):
-    """The config a loop runs, checked before anything else: ``scale`` applied (keys set on the command line
-    kept as given), then every key against its schema (unknown keys, types, ranges: core/config/schema.py),
-    the layout against the ``world`` ranks it runs on (default: this process's WORLD_SIZE), the loop's
-    batches split over the layout's learners, the settings both loops share, and a writable results table.
-    ``packages=False`` leaves out whether the gpu extra the config names (vLLM, flash-attn) is installed here
-    (``recipes.explain`` on a laptop). Raises :class:`ConfigError`."""
-    world = world_size() if world is None else world
-    cfg = apply_scale(cfg, command_line_keys(), world)
+def problems(cfg, world: int, packages: bool = True) -> list[str]:
+    """Every reason the scaled config ``cfg`` cannot run in a world of ``world`` learner ranks, each owned by what
+    it checks: every key against its schema (unknown keys, ranges: core/config/checking.py), the layout
+    (core/config/layout.py) and the loop's batches split over its learners (:data:`BATCH_SPLITS`), the sharding,
+    optimiser and models both loops share, a writable results table, and the loop's own settings
+    (:data:`LOOP_CHECKS`). ``packages=False`` leaves out whether the gpu extra the config names (vLLM, flash-attn)
+    is installed here (``recipes.explain`` on a laptop)."""
     errors = check_schema(cfg)
     if not any(e.startswith(("layout.", "train.")) for e in errors):  # the checks below divide by these
         errors += layout_problems(cfg, world)
-        errors += BATCH_SPLITS.get(cfg.loop)(cfg.train, int(cfg.layout.learner_gpus))
-    zero = cfg.zero
+        errors += BATCH_SPLITS.get(cfg.loop)(cfg.train, cfg.layout.learner_gpus)
+    errors += _zero_problems(cfg.zero, cfg.optim.optimizer)
+    errors += _optimizer_problems(cfg.optim.optimizer)
+    errors += _model_problems(cfg, packages)
+    problem = _unwritable(Path(str(cfg.paths.results_dir)))
+    if problem:
+        errors.append(f"paths.results_dir={cfg.paths.results_dir}: {problem}; the results table and run dirs "
+                      f"are written there")
+    if cfg.loop in LOOP_CHECKS:
+        errors += LOOP_CHECKS.get(cfg.loop)(cfg, packages)
+    return errors
+
+
+def refuse(errors: list[str]) -> None:
+    """Raise :class:`ConfigError` listing ``errors``, if any."""
+    if errors:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _zero_problems(zero, opt) -> list[str]:
+    """Settings DeepSpeed honours only under some ZeRO stages."""
+    errors = []
     for key in ("offload_param", "offload_reference"):
-        if zero[key] and int(zero.stage) != 3:
+        if zero[key] and zero.stage != 3:
             errors.append(f"zero.{key}=true with zero.stage={zero.stage}: parameters are partitioned (and so "
                           f"offloadable) under ZeRO-3 only; use zero=stage3, or zero.offload_optimizer=true (optimiser "
                           f"state in CPU memory) with zero=stage1|stage2")
-    errors += _offload_problems(zero, cfg.optim.optimizer)
+    errors += _offload_problems(zero, opt)
     for key in ("grad_accum_dtype", "communication_data_type"):
-        if zero[key] is not None and int(zero.stage) == 0:
+        if zero[key] is not None and zero.stage == 0:
             errors.append(f"zero.{key}={zero[key]} with zero.stage=0: it is a DeepSpeed setting and stage 0 trains "
                           f"with the plain torch engine; use zero=stage1|stage2|stage3 or zero.{key}=null")
+    return errors
+
+
+def _model_problems(cfg, packages: bool) -> list[str]:
+    """The model sources exist, the attention kernel runs in the model's dtype (and is installed), tiny sizes
+    are positive."""
+    errors = []
     for key, value in (("model.name_or_path", cfg.model.name_or_path),
                        ("advantage.critic.init_from", OmegaConf.select(cfg, "advantage.critic.init_from"))):
         problem = model_source_problem(key, value)
         if problem:
             errors.append(problem)
-    errors += _optimizer_problems(cfg.optim.optimizer)
-    if cfg.model.attn_implementation.startswith("flash_attention") and cfg.model.dtype == "float32":
-        errors.append(f"model.attn_implementation={cfg.model.attn_implementation} with model.dtype=float32: "
-                      f"flash-attn runs in float16 or bfloat16 only; use model.dtype=bfloat16 or "
-                      f"model.attn_implementation=sdpa")
-    if packages and cfg.model.attn_implementation.startswith("flash_attention") and not installed("flash_attn"):
-        errors.append(f"model.attn_implementation={cfg.model.attn_implementation}: flash-attn is not installed here "
-                      f"(pip install -e '.[gpu]' on a CUDA machine), or use model.attn_implementation=sdpa")
+    attn = cfg.model.attn_implementation
+    if attn.startswith("flash_attention") and cfg.model.dtype == "float32":
+        errors.append(f"model.attn_implementation={attn} with model.dtype=float32: flash-attn runs in float16 or "
+                      f"bfloat16 only; use model.dtype=bfloat16 or model.attn_implementation=sdpa")
+    if packages and attn.startswith("flash_attention") and not installed("flash_attn"):
+        errors.append(f"model.attn_implementation={attn}: flash-attn is not installed here (pip install -e "
+                      f"'.[gpu]' on a CUDA machine), or use model.attn_implementation=sdpa")
     for key, value in (cfg.model.tiny or {}).items():
         if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
             errors.append(f"model.tiny.{key}={value}: expected a positive size")
-    problem = _unwritable(Path(str(cfg.paths.results_dir)))
-    if problem:
-        errors.append(f"paths.results_dir={cfg.paths.results_dir}: {problem}; the results table and run dirs "
-                      f"are written there")
-    _raise(errors)
-    return cfg
+    return errors
 
 
 def _optimizer_problems(opt) -> list[str]:
@@ -96,7 +114,7 @@ def _offload_problems(zero, opt) -> list[str]:
     optimiser DeepSpeed's CPU Adam computes (core/training/optim.py ``cpu_adam``)."""
     if not zero.offload_optimizer:
         return []
-    if int(zero.stage) == 0:
+    if zero.stage == 0:
         return [f"zero.offload_optimizer=true with zero.stage=0: ZeRO-Offload is a DeepSpeed setting and stage 0 "
                 f"trains with the plain torch engine; use zero=stage1|stage2|stage3 or zero.offload_optimizer=false"]
     if opt._target_ not in CPU_ADAM_MODES:
@@ -180,32 +198,9 @@ def _check_placement(cfg, errors: list[str], packages: bool = True) -> None:
                       f"needs none (train.warm_start.steps=0), or warm-start under zero=none|stage1|stage2")
 
 
-def rl_total_steps(t, rows: int) -> int:
-    """RL steps of the run: ``train.total_steps``, or ``train.epochs`` passes over ``rows`` training rows (after the
-    filters) of ``rows // prompts_per_step`` steps each, the last partial batch dropped (veRL's ``drop_last``
-    dataloader, and :class:`core.data.prompts.PromptSampler`)."""
-    if t.total_steps is not None:
-        return int(t.total_steps)
-    return int(t.epochs) * (rows // int(t.prompts_per_step))
-
-
-def rl_batch_plan(cfg, world_size: int = 1) -> dict[str, int]:
-    """The batch arithmetic of one RL step, derived from ``train.*`` (see conf/train/grpo.yaml)."""
-    t = cfg.train
-    samples = int(t.prompts_per_step) * int(t.group_size)
-    per_update = int(t.mini_batch_size)
-    micro = int(t.micro_batch_size)
-    return {
-        "samples_per_step": samples,
-        "optimizer_steps_per_rl_step": (samples // per_update) * int(t.ppo_epochs) if per_update else 0,
-        "grad_accum": per_update // (micro * world_size) if micro * world_size else 0,
-        "world_size": world_size,
-    }
-
-
-# How each loop's batches divide over its ranks (``loop`` -> fn(train cfg, world) -> problems): the one place
-# for that arithmetic, run by final_config with the layout's learner count and by the loops with the world
-# they were started in.
+# How each loop's batches divide over its ranks (``loop`` -> fn(train cfg, learners) -> problems): the one place
+# for that arithmetic, run by :func:`problems` with the layout's learner count (core/config/plan.py derives the
+# per-rank sizes from the same division).
 BATCH_SPLITS: Registry = Registry("batch split")
 
 
@@ -215,14 +210,14 @@ def rl_batch_problems(t, world: int) -> list[str]:
     step's group-major completions, as TRL 1.16 splits them (``process_slice``; a group may span ranks, its
     scores are gathered for the baseline), and an equal share of every mini-batch in whole micro-batches
     (recipes/rl.py). Only the completion count has to divide by the ranks, not the prompt count."""
-    samples, errors = int(t.prompts_per_step) * int(t.group_size), []
+    samples, errors = t.prompts_per_step * t.group_size, []
     completions = f"train.prompts_per_step x train.group_size = {t.prompts_per_step} x {t.group_size} = {samples}"
-    if samples % int(t.mini_batch_size):
+    if samples % t.mini_batch_size:
         errors.append(f"{completions} completions is not divisible by train.mini_batch_size={t.mini_batch_size}")
     if samples % world:
         errors.append(f"{completions} completions is not divisible by the world size {world}: each rank takes an "
                       f"equal slice of them")
-    if int(t.mini_batch_size) % (int(t.micro_batch_size) * world):
+    if t.mini_batch_size % (t.micro_batch_size * world):
         errors.append(f"train.mini_batch_size={t.mini_batch_size} is not divisible by train.micro_batch_size x "
                       f"world size = {t.micro_batch_size} x {world}")
     return errors
@@ -231,31 +226,26 @@ def rl_batch_problems(t, world: int) -> list[str]:
 @BATCH_SPLITS.register("rm")
 def rm_batch_problems(t, world: int) -> list[str]:
     """A reward-model step of ``batch_size`` pairs splits into whole micro-batches on every rank (recipes/rm.py)."""
-    batch, micro = int(t.batch_size), int(t.micro_batch_size)
+    batch, micro = t.batch_size, t.micro_batch_size
     if batch % (micro * world):
         return [f"train.batch_size={batch} is not a multiple of micro_batch_size x world = {micro} x {world}"]
     return []
 
 
-def _raise(errors: list[str]) -> None:
-    if errors:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+# Each loop's own settings (``loop`` -> fn(cfg, packages) -> problems), checked by :func:`problems` after the
+# settings every loop shares.
+LOOP_CHECKS: Registry = Registry("loop checks")
 
 
-def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None, packages: bool = True) -> dict[str, int]:
-    """Raise :class:`ConfigError` unless names resolve, combinations fit and batch sizes divide;
-    return the batch plan."""
+@LOOP_CHECKS.register("rl")
+def rl_problems(cfg, packages: bool = True) -> list[str]:
+    """How the RL run ends, the estimator's options and group size, the KL, loss and placement settings, the
+    verifiers; the batch sizes are :func:`rl_batch_problems`' (their ranges the schema's)."""
     t, errors = cfg.train, []
-    _check_names(cfg, errors)
-    for key in ("prompts_per_step", "group_size", "mini_batch_size", "micro_batch_size", "ppo_epochs",
-                "logprob_micro_batch_size"):
-        if int(t[key]) < 1:
-            errors.append(f"train.{key}={t[key]} must be >= 1")
     if (t.total_steps is None) == (t.epochs is None):
         errors.append(f"train.total_steps={t.total_steps} and train.epochs={t.epochs}: set exactly one (epochs "
                       f"derives the RL steps from the training rows, as TRL num_train_epochs and veRL total_epochs)")
-    if any(e.startswith("train.") for e in errors):
-        _raise(errors)  # the arithmetic below divides by these
+    _check_names(cfg, errors)
     _check_kl(cfg, errors)
     _check_loss(cfg, errors)
     _check_placement(cfg, errors, packages)
@@ -264,18 +254,12 @@ def check_rl(cfg, world_size: int = 1, num_train_rows: int | None = None, packag
     if known:
         _check_critic(cfg, errors)
     min_group = ADVANTAGES.meta(cfg.advantage.name).get("min_group_size", 1) if known else 1
-    if int(t.group_size) < min_group:
+    if t.group_size < min_group:
         errors.append(f"train.group_size={t.group_size}: advantage.name={cfg.advantage.name} compares "
                       f"completions of one prompt and needs group_size >= {min_group}")
-    none_reward = t.shaping.none_reward
-    if none_reward == "exclude" and known and not ADVANTAGES.meta(cfg.advantage.name).get("excludes_nan"):
+    if t.shaping.none_reward == "exclude" and known and not ADVANTAGES.meta(cfg.advantage.name).get("excludes_nan"):
         errors.append(f"train.shaping.none_reward=exclude leaves unscored samples out of group statistics, which "
                       f"advantage.name={cfg.advantage.name} does not support; use one of "
                       f"{[n for n in ADVANTAGES.names() if ADVANTAGES.meta(n).get('excludes_nan')]} or "
                       f"none_reward=mask|zero")
-    errors += rl_batch_problems(t, world_size)
-    if num_train_rows is not None and int(t.prompts_per_step) > num_train_rows:
-        errors.append(f"train.prompts_per_step={t.prompts_per_step} is larger than the training set "
-                      f"({num_train_rows} rows after filtering)")
-    _raise(errors)
-    return rl_batch_plan(cfg, world_size)
+    return errors

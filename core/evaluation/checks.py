@@ -1,7 +1,10 @@
-"""What ``python -m recipes.eval`` refuses before it reads a weight: every key against its schema, the model
-(a training run dir or a hub name / local dir), the sets and their verifiers, the samples and k of the metrics,
-the engine. Every problem found is collected and raised together, each naming the key, the value and what
-was expected (as core/config/validate.py does for training).
+"""``python -m recipes.eval``'s config through the pipeline's steps (core/config/pipeline.py): compose conf/eval.yaml,
+check it (an evaluation has no scale), derive the model it evaluates (:class:`Source`), freeze (:func:`prepare_eval`).
+
+The check refuses, before a weight is read: every key against its schema, the model (a training run dir or a hub
+name / local dir), the sets and their verifiers, the samples and k of the metrics, the engine. Every problem found
+is collected and raised together, each naming the key, the value and what was expected (as core/config/validate.py
+does for training).
 """
 from __future__ import annotations
 
@@ -9,15 +12,17 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.config.checking import check_schema
+from core.config.pipeline import Prepared, composed, finished
 from core.config.schema import PromptDataConfig
 from core.errors import InputError
-from core.evaluation.schema import EvalRunConfig, EvalSetConfig
+from core.evaluation.schema import EvalRunConfig, EvalSetConfig, store
 from core.evaluation.sets import SET_KEYS
 from core.models.loading import model_source_problem
 from verifiers import VERIFIERS
@@ -29,7 +34,7 @@ class EvalConfigError(InputError):
     """An eval config that cannot run; the message lists every problem found."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Source:
     """The model evaluated: its ``from_pretrained`` path, the recipe and seed its rows carry, and the training
     run dir it came from (None for a hub name or local dir)."""
@@ -40,8 +45,22 @@ class Source:
     run_dir: str | None
 
 
-def final_config(cfg):
-    """``cfg`` checked (raises :class:`EvalConfigError` listing every problem)."""
+def prepare_eval(source: Sequence[str] | DictConfig | Prepared) -> Prepared[Source]:
+    """``source`` (overrides of conf/eval.yaml, a composed eval config, or one prepared already, returned as it is)
+    composed, checked (raises :class:`EvalConfigError` listing every problem), its :class:`Source` derived and
+    frozen."""
+    if isinstance(source, Prepared):
+        return source
+    store()  # conf/eval.yaml names its schema
+    cfg = composed(source, config_name="eval")
+    errors = problems(cfg)
+    if errors:
+        raise EvalConfigError("invalid eval config:\n  - " + "\n  - ".join(errors))
+    return finished(cfg, resolve_source(cfg))
+
+
+def problems(cfg) -> list[str]:
+    """Every reason the eval config ``cfg`` cannot run."""
     errors = check_schema(cfg, root=EvalRunConfig)
     errors += _source_problems(cfg)
     errors += _set_problems(cfg)
@@ -53,9 +72,7 @@ def final_config(cfg):
             errors.append(f"data.{key}={cfg.data[key]!r}: recipes.eval reads each set's rows and columns from its "
                           f"entry in sets (sets.<name>.{key.removeprefix('eval_')}); data.* is the prompt format "
                           f"(template, chat_template, system_prompt, ...)")
-    if errors:
-        raise EvalConfigError("invalid eval config:\n  - " + "\n  - ".join(errors))
-    return cfg
+    return errors
 
 
 def _source_problems(cfg) -> list[str]:

@@ -1,6 +1,6 @@
 """Bad inputs are refused before any model is built, each naming the key or file, the value and what was
-expected: the typed schema (core/config/schema.py), the input checks (core/config/validate.py
-``final_config``), the data readers. In-process through the loops' own first checks; test_cli.py runs a
+expected: the typed schema (core/config/schema.py), the input checks (core/config/validate.py ``problems``, run
+by core/config/pipeline.py ``prepare``), the data readers. In-process through the loops' own first checks; test_cli.py runs a
 sample of them through the command line."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from core.config import schema
 from core.config.checking import check_schema
 from core.config.scale import apply_scale
-from core.config.validate import ConfigError, check_rl, final_config
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
 from core.data.prompts import DataError, read_rows
 
 # overrides -> a fragment of the message; every one a value the RL loop once accepted or failed on late.
@@ -72,7 +73,7 @@ RL_CASES = [
 
 def _refusal(cfg) -> str:
     with pytest.raises(ConfigError) as e:
-        check_rl(final_config(cfg))
+        prepare(cfg)
     return str(e.value)
 
 
@@ -100,7 +101,7 @@ def test_the_reward_model_loop_checks_its_batch_sizes(compose_cfg):
 
 def _refusal_rm(cfg) -> str:
     with pytest.raises(ConfigError) as e:
-        final_config(cfg)
+        prepare(cfg)
     return str(e.value)
 
 
@@ -140,7 +141,7 @@ def test_scale_keeps_what_the_command_line_sets(compose_cfg):
     assert kept.train.total_steps == 10 and kept.train.micro_batch_size == 7
     assert kept.model.tiny.hidden_size == 32  # a group choice is not a value the scale keeps
     with pytest.raises(ConfigError, match="train.mini_batch_size=16 is not divisible by train.micro_batch_size"):
-        check_rl(kept)
+        prepare(["scale=tiny", "train.micro_batch_size=7"])  # composed as the CLI does: its keys kept, then checked
 
 
 def test_a_malformed_jsonl_line_is_named_with_its_file_and_line(tmp_path):
@@ -162,4 +163,4 @@ def test_a_results_dir_that_cannot_be_written_is_refused(compose_cfg, tmp_path):
 def test_a_local_model_dir_without_a_model_is_refused(compose_cfg, tmp_path):
     msg = _refusal(compose_cfg(f"model.name_or_path={tmp_path}"))
     assert f"model.name_or_path={tmp_path}: the directory has no config.json" in msg
-    final_config(compose_cfg("model.name_or_path=Qwen/Qwen2.5-7B"))  # a hub name is from_pretrained's to judge
+    prepare(compose_cfg("model.name_or_path=Qwen/Qwen2.5-7B"))  # a hub name is from_pretrained's to judge

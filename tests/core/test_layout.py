@@ -1,14 +1,16 @@
 """The ``layout`` group (conf/layout/, core/config/layout.py): every option composes and validates in the world
-it asks for and expresses its source; each impossible layout is refused by ``final_config``, before any model,
+it asks for and expresses its source; each impossible layout is refused by ``prepare``, before any model,
 naming the keys, the values and what was expected; ``scale=tiny`` collapses every layout to the machine at hand;
 the RL batch arithmetic divides over the layout's learners."""
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from core.config.layout import MODES, engines
 from core.config.scale import apply_scale
-from core.config.validate import ConfigError, final_config
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
 from core.launch import placement
 from core.paths import CONF_DIR
 
@@ -48,9 +50,10 @@ def test_every_layout_validates_in_its_world_and_places_its_source(compose_cfg, 
     overrides, (learners, n_engines, learner_nodes, nproc, servers) = SOURCES[name]
     monkeypatch.setenv("WORLD_SIZE", str(learners))  # what torchrun (or the submitit export) gives each rank
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(learners))
-    cfg = final_config(compose_cfg(f"layout={name}", *overrides, *_batches(learners)))
-    assert int(cfg.layout.learner_gpus) == learners and engines(cfg) == n_engines
-    where = placement(cfg)
+    prepared = prepare(compose_cfg(f"layout={name}", *overrides, *_batches(learners)), packages=False)  # no vLLM here
+    cfg, lay = prepared.config, prepared.plan.layout
+    assert cfg.layout.learner_gpus == lay.learner_gpus == learners and engines(cfg) == lay.engines == n_engines
+    where = placement(lay, OmegaConf.select(cfg, "rollout.server.port"))
     assert (where["LEARNER_NODES"], where["NPROC_PER_NODE"]) == (learner_nodes, nproc)
     assert where["SERVERS"] == servers
 
@@ -102,7 +105,7 @@ def test_an_impossible_layout_is_refused_naming_keys_values_and_expectation(comp
     else:
         monkeypatch.setenv("WORLD_SIZE", str(world))
     with pytest.raises(ConfigError) as e:
-        final_config(compose_cfg(*overrides))
+        prepare(compose_cfg(*overrides))
     assert message in str(e.value)
 
 
@@ -111,17 +114,18 @@ def test_the_cases_cover_every_check():
 
 
 def test_the_batch_split_uses_the_layouts_learners_not_the_process(compose_cfg, monkeypatch):
-    """``final_config`` divides the batches over ``layout.learner_gpus``, as each of those ranks will."""
+    """``prepare`` divides the batches over ``layout.learner_gpus``, as each of those ranks will."""
     monkeypatch.setenv("WORLD_SIZE", "7")
-    final_config(compose_cfg("layout=dedicated", "rollout=vllm_server", *_batches(7)))
+    plan = prepare(compose_cfg("layout=dedicated", "rollout=vllm_server", *_batches(7)), packages=False).plan
+    assert plan.samples_per_rank == 16
     # Open-R1 Math-7B on 7 learners: per-device 16 x 7 = 112 completions, num_generations 7; 16 rows per rank, so
     # groups span ranks, as TRL splits them
-    final_config(compose_cfg("layout=dedicated", "rollout=vllm_server", "train.prompts_per_step=16",
-                             "train.group_size=7", "train.mini_batch_size=112", "train.micro_batch_size=16"))
+    prepare(compose_cfg("layout=dedicated", "rollout=vllm_server", "train.prompts_per_step=16",
+                        "train.group_size=7", "train.mini_batch_size=112", "train.micro_batch_size=16"), packages=False)
     with pytest.raises(ConfigError, match=r"train.mini_batch_size=112 is not divisible by train.micro_batch_size x "
                                           r"world size = 32 x 7"):
-        final_config(compose_cfg("layout=dedicated", "rollout=vllm_server", *_batches(7)[:3],
-                                 "train.micro_batch_size=32"))
+        prepare(compose_cfg("layout=dedicated", "rollout=vllm_server", *_batches(7)[:3],
+                            "train.micro_batch_size=32"), packages=False)
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -132,14 +136,14 @@ def test_tiny_scale_collapses_every_layout_to_the_machine(compose_cfg, monkeypat
         assert lay == {"mode": "colocate", "nodes": 1, "gpus_per_node": world, "learner_gpus": world,
                        "rollout_gpus": 0}, name
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    final_config(compose_cfg(f"layout={name}", "scale=tiny"))  # runs as one process
+    prepare(compose_cfg(f"layout={name}", "scale=tiny"))  # runs as one process
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_tiny_scale_collapses_the_engines_of_every_source_layout(compose_cfg, monkeypatch, name):
     """The source's engine and TP go with its GPUs: scale=tiny generates with hf, one engine per rank."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    cfg = final_config(compose_cfg(f"layout={name}", *SOURCES[name][0], "scale=tiny"))
+    cfg = prepare(compose_cfg(f"layout={name}", *SOURCES[name][0], "scale=tiny")).config
     assert cfg.rollout.engine == "hf" and cfg.layout.learner_gpus == 1 and engines(cfg) == 1, name
 
 

@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from core.algorithms.loss import (AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, AggContext, LossInput,
                        compute_policy_loss, kl_penalty)
 from core.config import schema
-from core.config.validate import ConfigError, final_config
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
 
 LOSS = schema.node(schema.LossConfig, {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "dual_clip": None,
                          "entropy_coef": 0.0, "aggregation": "token_mean",
@@ -251,13 +252,13 @@ def test_gspo_denominators_differ_by_rows_over_non_empty_rows():
 def test_bad_loss_choices_are_refused_by_name(compose_cfg, override, expected):
     for group in ("loss=ppo_clip", "loss=gspo"):
         with pytest.raises(ConfigError, match=re.escape(expected)):
-            final_config(compose_cfg(group, override))
+            prepare(compose_cfg(group, override))
 
 
 def test_loss_options_name_both_choices(compose_cfg):
     for group in ("ppo_clip", "gspo"):
-        cfg = final_config(compose_cfg(f"loss={group}", "loss.log_ratio_clamp=20.0",
-                                       "loss.aggregation=seq_mean_token_mean_nonempty"))
+        cfg = prepare(compose_cfg(f"loss={group}", "loss.log_ratio_clamp=20.0",
+                                  "loss.aggregation=seq_mean_token_mean_nonempty")).config
         assert cfg.loss.log_ratio_clamp == 20.0 and cfg.loss.aggregation == "seq_mean_token_mean_nonempty"
     assert compose_cfg("loss=gspo").loss.log_ratio_clamp is None  # null: TRL, the schema default
     assert compose_cfg("loss=gspo").loss.aggregation == "seq_mean_token_mean"

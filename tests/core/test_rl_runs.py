@@ -15,7 +15,8 @@ import pytest
 
 from core.algorithms.advantage import ADVANTAGES
 from core.algorithms.loss import AGGREGATIONS
-from core.config.validate import ConfigError, rl_total_steps
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
 from core.paths import PROJECT_ROOT
 from recipes import rl
 
@@ -197,8 +198,9 @@ def test_epochs_derive_the_steps_from_the_filtered_rows(compose_cfg, tmp_path):
              "logger.tensorboard=false", "data.generator.num_train=14", "data.generator.num_eval=4",
              "train.prompts_per_step=4", "train.group_size=2", "train.mini_batch_size=8", "train.micro_batch_size=4",
              "train.eval_prompts=4", "rollout.max_new_tokens=4", f"paths.results_dir={tmp_path}")
-    assert rl_total_steps(compose_cfg("train.total_steps=null", "train.epochs=2", *small).train, 14) == 6
-    rl.main(compose_cfg("train.total_steps=null", "train.epochs=2", *small), run_dir=str(tmp_path / "run"))
+    epochs = compose_cfg("train.total_steps=null", "train.epochs=2", *small)
+    assert prepare(epochs).plan.total_steps is None and prepare(epochs).plan.for_rows(14).total_steps == 6
+    rl.main(epochs, run_dir=str(tmp_path / "run"))
     assert [r["step"] for r in _metrics(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]  # 2 x (14 // 4)
     assert "total_steps: 6" in (tmp_path / "run" / "config.yaml").read_text()
     for both in (("train.epochs=2",), ("train.total_steps=null",)):
@@ -246,7 +248,7 @@ def _host_syncs_of_one_update(compose_cfg, tmp_path, monkeypatch, micro: int) ->
     cfg = compose_cfg(*BASE, "advantage=gae", "kl=k1", "train.prompts_per_step=4", "train.group_size=4",
                       "train.mini_batch_size=16", f"train.micro_batch_size={micro}", f"paths.results_dir={tmp_path}")
     run = rl.setup(cfg, run_dir=str(tmp_path / f"run{micro}"))
-    assert run.plan["grad_accum"] == 16 // micro
+    assert run.plan.grad_accum == 16 // micro
     roll = run.rollout.generate([run.train_ids[i] for i in range(4) for _ in range(4)], Sampling.from_cfg(cfg.rollout))
     fw = rl.rollout_forwards(run, roll)
     adv = torch.randn(roll.response_mask.shape, generator=torch.Generator().manual_seed(0)) * roll.response_mask

@@ -8,13 +8,14 @@ import pytest
 from core.algorithms.advantage import ADVANTAGES
 from core.algorithms.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from core.paths import CONF_DIR
-from core.config.validate import ConfigError, check_rl, final_config
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
 
 
 def _error(cfg) -> str:
-    """What a loop's checks say of ``cfg``: the schema and inputs (final_config), then the RL arithmetic."""
+    """What a loop's checks say of ``cfg`` (core/config/pipeline.py ``prepare``): every problem in one error."""
     with pytest.raises(ConfigError) as e:
-        check_rl(final_config(cfg))
+        prepare(cfg)
     return str(e.value)
 
 
@@ -26,8 +27,7 @@ def test_every_config_option_composes_and_validates(compose_cfg):
     count = 0
     for group, options in groups.items():
         for opt in options:
-            plan = check_rl(compose_cfg(f"{group}={opt}"))
-            assert plan["samples_per_step"] == 128
+            assert prepare(compose_cfg(f"{group}={opt}")).plan.samples_per_step == 128
             count += 1
     assert count == 11
 
@@ -74,12 +74,20 @@ SPLIT_GROUPS = [(7, _batch(16, 7, 112, 16)), (7, _batch(8, 14, 112, 16)), (2, _b
 
 
 @pytest.mark.parametrize("world, batch", SPLIT_GROUPS)
-def test_completions_not_prompts_divide_over_ranks(compose_cfg, world, batch):
+def test_completions_not_prompts_divide_over_ranks(compose_cfg, monkeypatch, world, batch):
     cfg = compose_cfg("advantage=grpo", *batch)
-    prompts, group = int(cfg.train.prompts_per_step), int(cfg.train.group_size)
+    prompts, group = cfg.train.prompts_per_step, cfg.train.group_size
     assert prompts % world and (prompts * group // world) % group  # a rank's rows are not whole groups
-    plan = check_rl(cfg, world_size=world)
-    assert plan["grad_accum"] * int(cfg.train.micro_batch_size) * world == int(cfg.train.mini_batch_size)
+    plan = prepare(cfg, world=_ranks(monkeypatch, world)).plan
+    assert plan.world_size == world and plan.samples_per_rank * world == prompts * group
+    assert plan.grad_accum * cfg.train.micro_batch_size * world == cfg.train.mini_batch_size
+
+
+def _ranks(monkeypatch, world: int) -> int:
+    """``world`` ranks on one node, as torchrun sets them (layout=single reads them)."""
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(world))
+    return world
 
 
 @pytest.mark.parametrize("world, batch, message", [
@@ -90,14 +98,9 @@ def test_completions_not_prompts_divide_over_ranks(compose_cfg, world, batch):
     (4, _batch(6, 8, 48, 8), "train.mini_batch_size=48 is not divisible by train.micro_batch_size x world size "
                              "= 8 x 4"),
 ])
-def test_completions_that_do_not_divide_over_ranks_are_refused(compose_cfg, world, batch, message):
-    assert message in _error_world(compose_cfg(*batch), world)
-
-
-def _error_world(cfg, world: int) -> str:
-    with pytest.raises(ConfigError) as e:
-        check_rl(cfg, world_size=world)
-    return str(e.value)
+def test_completions_that_do_not_divide_over_ranks_are_refused(compose_cfg, monkeypatch, world, batch, message):
+    _ranks(monkeypatch, world)
+    assert message in _error(compose_cfg(*batch))
 
 
 def test_score_position_choices(compose_cfg):
@@ -112,7 +115,7 @@ def test_none_reward_policy_checked_against_the_estimator(compose_cfg):
     assert "train.shaping.none_reward='drop': expected one of ['exclude', 'mask', 'zero']" in _error(
         compose_cfg("train.shaping.none_reward=drop"))
     for ok in ("mask", "zero", "exclude"):
-        check_rl(compose_cfg(f"train.shaping.none_reward={ok}"))
+        prepare(compose_cfg(f"train.shaping.none_reward={ok}"))
 
 
 def test_reference_requested_with_zero_coefficient(compose_cfg):
@@ -125,11 +128,11 @@ def test_adaptive_controller_needs_reward_placement_and_target(compose_cfg):
     msg = _error(compose_cfg("kl.controller=adaptive"))
     assert "kl.controller=adaptive with kl.placement=loss" in msg
     assert "kl.controller=adaptive needs kl.target" in msg
-    check_rl(compose_cfg("kl=k1", "kl.controller=adaptive", "kl.target=6"))
+    prepare(compose_cfg("kl=k1", "kl.controller=adaptive", "kl.target=6"))
 
 
 def test_bad_option_values_are_collected_together(compose_cfg):
-    """Every key's own range first (the schema), all at once; then every clash between keys, all at once."""
+    """Every key's own range (the schema) and every clash between keys, all in one error."""
     msg = _error(compose_cfg("kl.placement=both", "loss.dual_clip=0.5", "advantage.whiten=all", "kl.coef=-1"))
     for part in ("kl.placement='both': expected one of ['reward', 'loss']", "loss.dual_clip=0.5: expected a number > 1",
                  "advantage.whiten='all': expected one of ['global', 'local', 'none']",
@@ -143,8 +146,8 @@ def test_bad_option_values_are_collected_together(compose_cfg):
 
 def test_deepspeed_dtype_keys_compose_validate_and_refuse_by_name(compose_cfg):
     for stage in ("stage1", "stage2", "stage3"):
-        cfg = final_config(compose_cfg(f"zero={stage}", "zero.grad_accum_dtype=fp32",
-                                       "zero.communication_data_type=bf16"))
+        cfg = prepare(compose_cfg(f"zero={stage}", "zero.grad_accum_dtype=fp32", "zero.communication_data_type=bf16",
+                                  "train.warm_start.steps=0")).config  # no warm start under ZeRO-3
         assert (cfg.zero.grad_accum_dtype, cfg.zero.communication_data_type) == ("fp32", "bf16")
         assert compose_cfg(f"zero={stage}").zero.grad_accum_dtype is None  # null: DeepSpeed's default
     msg = _error(compose_cfg("zero=stage2", "zero.grad_accum_dtype=fp64", "zero.communication_data_type=float32"))

@@ -9,7 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from core.config import schema
-from core.config.validate import ConfigError, check_rl, final_config
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
 from core.data import prompts as D
 from recipes import rl
 from tests.core.test_rl_runs import BASE
@@ -22,7 +23,7 @@ def test_the_evaluation_scores_with_its_own_verifier(compose_cfg, tmp_path):
                       "verifier.eval_name=tests.stub_rewards:gold_parity", f"paths.results_dir={tmp_path}")
     rl.main(cfg, run_dir=str(tmp_path / "run"))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    gold = [int(r["answer"]) for r in D.load_split(final_config(cfg, world=1).data, "eval")[:4]]
+    gold = [int(r["answer"]) for r in D.load_split(prepare(cfg, world=1).config.data, "eval")[:4]]
     parity = sum(a % 2 == 0 for a in gold) / 4
     assert summary["eval_before"] == summary["eval_after"] == parity and 0 < parity < 1
 
@@ -34,7 +35,7 @@ def test_the_evaluation_scores_with_its_own_verifier(compose_cfg, tmp_path):
 ])
 def test_a_bad_evaluation_verifier_is_refused(compose_cfg, overrides, message):
     with pytest.raises(ConfigError) as e:
-        check_rl(final_config(compose_cfg(*overrides), world=1))
+        prepare(compose_cfg(*overrides), world=1)
     assert message in str(e.value)
 
 
@@ -45,23 +46,24 @@ def _with_tiny(cfg, tiny: dict):
 
 def test_scale_tiny_merges_the_verifier_tiny_node(compose_cfg):
     tiny = {"eval_name": "math_open_r1", "eval_kwargs": {"timeout": 3}}
-    full, small = (final_config(_with_tiny(compose_cfg(f"scale={s}"), tiny), world=1) for s in ("full", "tiny"))
+    full, small = (prepare(_with_tiny(compose_cfg(f"scale={s}"), tiny), world=1).config for s in ("full", "tiny"))
     assert (full.verifier.eval_name, dict(full.verifier.eval_kwargs)) == (None, {})
     assert (small.verifier.eval_name, OmegaConf.to_container(small.verifier.eval_kwargs)) == (
         tiny["eval_name"], tiny["eval_kwargs"])
     with pytest.raises(ConfigError, match="verifier.bogus: unknown key"):  # still checked against the schema
-        final_config(_with_tiny(compose_cfg("scale=tiny"), {"bogus": 1}), world=1)
+        prepare(_with_tiny(compose_cfg("scale=tiny"), {"bogus": 1}), world=1)
 
 
 @pytest.mark.parametrize("stage, keys", [("none", ()), ("stage1", ("reduce_bucket_size", "allgather_bucket_size")),
                                          ("stage2", ("reduce_bucket_size", "allgather_bucket_size")),
                                          ("stage3", ("reduce_bucket_size", "stage3_prefetch_bucket_size"))])
 def test_scale_tiny_caps_deepspeeds_buckets(compose_cfg, stage, keys):
-    cfg = final_config(compose_cfg(f"zero={stage}", "scale=tiny"), world=1)
+    cold = "train.warm_start.steps=0"  # no warm start under ZeRO-3
+    cfg = prepare(compose_cfg(f"zero={stage}", cold, "scale=tiny"), world=1).config
     assert dict(cfg.zero.get("options", {})) == dict.fromkeys(keys, 1_000_000)
-    assert dict(final_config(compose_cfg(f"zero={stage}"), world=1).zero.get("options", {})) == {}
+    assert dict(prepare(compose_cfg(f"zero={stage}", cold), world=1).config.zero.get("options", {})) == {}
     if keys:  # a recipe's own option wins
-        own = final_config(compose_cfg(f"zero={stage}", f"+zero.options.{keys[0]}=7", "scale=tiny"), world=1)
+        own = prepare(compose_cfg(f"zero={stage}", f"+zero.options.{keys[0]}=7", cold, "scale=tiny"), world=1).config
         assert own.zero.options[keys[0]] == 7 and own.zero.options[keys[1]] == 1_000_000
 
 

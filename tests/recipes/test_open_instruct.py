@@ -11,7 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from core.config.composition import compose
-from core.config.validate import ConfigError, check_rl, final_config
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
 from core.paths import CONF_DIR
 from tests.helpers import explain, results, run_cli
 
@@ -200,8 +201,7 @@ def test_a_broken_source_invariant_is_refused_with_the_reason(monkeypatch, name,
     learners = int(compose([f"recipe={name}"]).layout.learner_gpus)
     monkeypatch.setenv("WORLD_SIZE", str(learners))
     with pytest.raises(ConfigError) as err:
-        cfg = final_config(compose([f"recipe={name}", *overrides]), world=learners, packages=False)
-        check_rl(cfg, world_size=learners, packages=False)
+        prepare(compose([f"recipe={name}", *overrides]), world=learners, packages=False)
     assert reason in str(err.value)
 
 
@@ -239,8 +239,8 @@ def test_the_tiny_stand_in_holds_the_three_sources_in_the_hub_columns(shared_dat
     from verifiers.ifeval import RELEASE_CHECKERS
 
     monkeypatch.setenv("RLR_DATA_DIR", str(shared_data))
-    cfg = final_config(compose(["recipe=open_instruct_rlvr_8b", "scale=tiny", f"paths.data_dir={shared_data}"]),
-                       world=1)
+    cfg = prepare(compose(["recipe=open_instruct_rlvr_8b", "scale=tiny", f"paths.data_dir={shared_data}"]),
+                  world=1).config
     assert cfg.data.source == "rlvr_mixture_tiny" and cfg.advantage.critic.init_from is None
     assert cfg.rollout.engine == "hf" and cfg.rollout.vllm.tensor_parallel_size == 1
     rows, again = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")

@@ -14,7 +14,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from core.config.composition import compose
-from core.config.validate import ConfigError, check_rl, final_config
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
 from core.paths import CONF_DIR, PROJECT_ROOT
 from tests.helpers import CLI_ENV, explain, slow
 
@@ -176,7 +177,7 @@ def test_the_tiny_codeforces_reward_reads_the_cache_folder(monkeypatch):
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     full = compose(["recipe=open_r1_grpo_codeforces_7b"])
-    tiny = final_config(compose(["recipe=open_r1_grpo_codeforces_7b", "scale=tiny"]), world=1)
+    tiny = prepare(compose(["recipe=open_r1_grpo_codeforces_7b", "scale=tiny"]), world=1).config
     folder = f"{codeforces_tiny.folder(build=False)}/generated_tests"
     terms = _get(tiny, "verifier.kwargs.terms")
     assert terms[0]["kwargs"] == {"test_batch_size": -1, "scoring_mode": "weighted_sum", "tests_folder": folder}
@@ -222,9 +223,9 @@ def test_explain_states_each_recipes_batch_in_trls_flags():
 def test_the_math_7b_recipe_validates_with_7_learners_and_groups_of_7(monkeypatch):
     """896 completions over 7 ranks: 128 each, so the 7-completion groups straddle ranks (TRL's process_slice)."""
     monkeypatch.setenv("WORLD_SIZE", "7")
-    cfg = final_config(compose(["recipe=open_r1_grpo_math_7b"]), world=7, packages=False)  # no gpu extra here
-    plan = check_rl(cfg, world_size=7, packages=False)
-    assert plan == {"samples_per_step": 896, "optimizer_steps_per_rl_step": 1, "grad_accum": 8, "world_size": 7}
+    plan = prepare(compose(["recipe=open_r1_grpo_math_7b"]), world=7, packages=False).plan  # no gpu extra here
+    assert (plan.samples_per_step, plan.optimizer_steps_per_rl_step, plan.grad_accum, plan.world_size) == (896, 1, 8, 7)
+    assert plan.samples_per_rank == 128
     assert (896 // 7) % 7 != 0  # a rank's 128 rows are not whole groups
 
 
@@ -245,7 +246,7 @@ def test_overrides_that_break_trls_divisibility_are_refused_with_the_arithmetic(
                                                                                  monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", str(world))
     with pytest.raises(ConfigError) as e:
-        check_rl(final_config(compose(overrides), world=world, packages=False), world_size=world, packages=False)
+        prepare(compose(overrides), world=world, packages=False)
     assert message in str(e.value)
 
 

@@ -13,7 +13,8 @@ import torch
 from omegaconf import OmegaConf
 
 from core.config.composition import compose
-from core.config.validate import ConfigError, check_rl, final_config
+from core.config.pipeline import prepare
+from core.config.validate import ConfigError
 from core.paths import CONF_DIR, PROJECT_ROOT
 from tests.helpers import CLI_ENV, explain, slow
 
@@ -134,8 +135,7 @@ BAD = [
 def test_a_broken_source_invariant_is_refused_with_the_reason(monkeypatch, override, reason):
     monkeypatch.setenv("WORLD_SIZE", "16")
     with pytest.raises(ConfigError) as err:
-        cfg = final_config(compose(["recipe=simplerl_zoo_7b", override]), world=16, packages=False)
-        check_rl(cfg, world_size=16, packages=False)
+        prepare(compose(["recipe=simplerl_zoo_7b", override]), world=16, packages=False)
     assert reason in str(err.value)
 
 

@@ -99,4 +99,4 @@ def test_bad_input_stops_before_any_model_is_built(monkeypatch, override, error)
     monkeypatch.setattr(rm, "model_dir", no_model)
     monkeypatch.setattr(rm.RM, "load_reward_model", no_model)
     with pytest.raises((DataError, ValueError), match=error):
-        rm.setup(compose(["recipe=tiny_rm", *override]))
+        rm.setup(compose(["recipe=tiny_rm", "recipe_name=tiny_rm", *override]))  # the name a run's Hydra gives
