@@ -69,7 +69,7 @@ def run_ours() -> dict:
     from core.models.loading import load_tokenizer, model_dir
     from core.reporting.metrics import MetricsWriter
     from core.training.checkpoint import seed_everything
-    from core.training.engine import build_train_engine
+    from core.training.backend import Backend
     from recipes import rm
 
     cfg = _cfg()
@@ -79,10 +79,12 @@ def run_ours() -> dict:
     tok.padding_side = cfg.train.padding_side
     pairs = _pairs(cfg, tok)
     model = rm.build_model(path, cfg, tok)
-    cpu = torch.device("cpu")
-    engine = build_train_engine(model, cfg.optim, cfg.zero, STEPS + WARMUP, 1, BATCH, cpu)
-    run = rm.Run(cfg, None, {"world": 1, "grad_accum": 1, "total_steps": STEPS + WARMUP}, pairs, [], {}, tok,
-                 cpu, engine, _Sequential(), MetricsWriter(".", enabled=False))
+    backend = Backend(cfg.zero, torch.device("cpu"), torch.float32)
+    plan = rm.RMPlan(grad_accum=1, world_size=1, total_steps=STEPS + WARMUP)
+    run = rm.Run(cfg=cfg, plan=plan, run_dir=None, backend=backend, tokenizer=tok,
+                 data=rm.Data(train_pairs=pairs, eval_pairs=[], stats={}, sampler=_Sequential()),
+                 engine=backend.train_engine(model, cfg.optim, plan.total_steps, 1, BATCH),
+                 writer=MetricsWriter(".", enabled=False))
     rss0, times = _rss_mb(), []
     for _ in range(STEPS + WARMUP):
         t0 = time.perf_counter()

@@ -5,9 +5,9 @@ The project's own code runs one micro-step of each phase on fake tensors (``torc
 shapes, dtypes and storage sizes, no data, nothing allocated), at the recipe's model config (core/models/shapes.py,
 no hub needed), lengths and micro-batches:
 
-- ``logprobs``: :func:`recipes.rl.rollout_forwards` on ``train.logprob_micro_batch_size`` rows of max prompt + max
-  new tokens: old policy (when the loop needs it), reference, critic values, no grad;
-- ``update``: :func:`recipes.rl.micro_step` on ``train.micro_batch_size`` rows: the policy's forward, its loss
+- ``logprobs``: :func:`recipes.rl_update.rollout_forwards` on ``train.logprob_micro_batch_size`` rows of max prompt +
+  max new tokens: old policy (when the loop needs it), reference, critic values, no grad;
+- ``update``: :func:`recipes.rl_update.micro_step` on ``train.micro_batch_size`` rows: the policy's forward, its loss
   (``compute_policy_loss``) and backward, then the critic's (PPO);
 - ``rm_update`` (reward-model loop): the pair forward, ``bt_loss`` and backward of ``train.micro_batch_size`` pairs
   of ``train.max_len`` tokens.
@@ -256,20 +256,20 @@ def prompt_tokens(cfg) -> int:
 @PHASES.register("rl")
 def rl_phases(cfg, plan):
     """``logprobs`` and ``update`` of recipes/rl.py, each on fake rows of full length."""
-    from recipes import rl
+    from recipes import rl_update
 
     run = _rl_run(cfg, plan)
     P, R = prompt_tokens(cfg), int(cfg.rollout.max_new_tokens)
     lp_rows, micro = plan.logprob_micro_batch_size, plan.micro_batch_size
     models = [run.engine.module, run.ref and run.ref.module, run.critic and run.critic.module]
-    act, flops = measure(lambda: rl.rollout_forwards(run, _rollout(lp_rows, P, R)), models)
+    act, flops = measure(lambda: rl_update.rollout_forwards(run, _rollout(lp_rows, P, R)), models)
     phases = [Phase("logprobs", act, flops, lp_rows, P + R)]
     roll = _rollout(micro, P, R)
     fw = _forwards(roll, run)
     mask = roll.response_mask.float()  # [n, R]
     adv = ret = torch.zeros_like(mask)  # [n, R]
-    act, flops = measure(lambda: rl.micro_step(run, roll, torch.arange(micro), mask, adv, ret, fw, _agg(cfg, run, mask)),
-                         models)
+    agg = _agg(cfg, run, mask)
+    act, flops = measure(lambda: rl_update.micro_step(run, roll, torch.arange(micro), mask, adv, ret, fw, agg), models)
     phases.append(Phase("update", act, flops, micro, P + R))
     return phases, {"policy": run.engine.module, "reference": run.ref and run.ref.module,
                     "critic": run.critic and run.critic.module}
@@ -277,21 +277,22 @@ def rl_phases(cfg, plan):
 
 def _rl_run(cfg, plan):
     """A :class:`recipes.rl.Run` holding what one micro-step touches: the models as :func:`recipes.rl.load_models`
-    builds them, the policy's and critic's engines (plain torch: ZeRO's sharding is counted by
-    :func:`model_states`), the frozen reference, the KL controller."""
+    builds them, on a backend that keeps them whole on the CPU (ZeRO's sharding is counted by :func:`model_states`):
+    the policy's and critic's engines (plain torch), the frozen reference, the KL controller."""
     from core.algorithms.kl_control import KLController
     from core.config.schema import ZeroConfig, node
-    from core.training.engine import FrozenModel, TorchEngine
+    from core.training.backend import Backend
+    from core.training.device import DTYPES
     from recipes import rl
 
-    cpu = torch.device("cpu")
-    policy, ref, critic = rl.load_models(cfg, model_path(cfg.model))
-    engine = TorchEngine(policy, cfg.optim, 1, plan.grad_accum, cpu)
-    ref = FrozenModel(ref, node(ZeroConfig), cpu) if ref is not None else None
+    backend, micro = Backend(node(ZeroConfig), torch.device("cpu"), DTYPES[cfg.model.dtype]), plan.grad_accum
+    policy, ref, critic = rl.load_models(cfg, model_path(cfg.model), backend)
+    engine = backend.train_engine(policy, cfg.optim, 1, micro, plan.micro_batch_size)
     if critic is not None:
-        critic = TorchEngine(critic, rl._critic_optim(cfg), 1, plan.grad_accum, cpu)
-    return rl.Run(cfg, None, plan, [], [], [], [], None, cpu, engine, ref, None, None, None, None, None,
-                  critic=critic, kl_ctl=KLController(cfg.kl))
+        critic = backend.train_engine(critic, rl._critic_optim(cfg), 1, micro, plan.micro_batch_size)
+    return rl.Run(cfg=cfg, plan=plan, run_dir=None, backend=backend, tokenizer=None, data=None, verifier=None,
+                  engine=engine, critic=critic, ref=backend.frozen(ref) if ref is not None else None, rollout=None,
+                  gen=None, writer=None, kl_ctl=KLController(cfg.kl))
 
 
 def _rollout(n: int, P: int, R: int):
@@ -305,10 +306,10 @@ def _rollout(n: int, P: int, R: int):
 
 def _forwards(roll, run):
     """The rollout-phase log-probs and values the update reads: as many as the loop would have."""
-    from recipes import rl
+    from recipes import rl_update
 
     lp = roll.logprobs  # [n, R]
-    return rl.Forwards(old=torch.zeros_like(lp), ref=torch.zeros_like(lp) if run.ref is not None else None,
+    return rl_update.Forwards(old=torch.zeros_like(lp), ref=torch.zeros_like(lp) if run.ref is not None else None,
                        values=torch.zeros_like(lp) if run.critic is not None else None, rollout=lp)
 
 

@@ -14,78 +14,108 @@ before the group mean/std; each rank keeps its rows' advantages), gradients (the
 an optimiser step (``token_mean_global``), global whitening, the adaptive KL's input, evaluation counts and
 the logged metrics. Rank 0 writes.
 
-Placement (``core/training/device.py``): one device per rank, resolved before any model is built, holds
-the policy, reference, critic and every tensor of a step; ``model.dtype=bfloat16`` trains in bf16 with
-fp32 master weights. Under ZeRO-3 every model is built partitioned (``core.training.engine.model_init``).
+Placement (``core/training/device.py``, ``core/training/backend.py``): one device per rank, resolved before any
+model is built, holds the policy, reference, critic and every tensor of a step; ``model.dtype=bfloat16`` trains in
+bf16 with fp32 master weights. The backend, built once from ``(zero, device, dtype)``, loads every model where it
+belongs (under ZeRO-3 partitioned as it loads) and builds the engines; the loop never looks at the ZeRO stage.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
 from core.algorithms import shaping
-from core.algorithms.advantage import AdvantageInput, compute_advantages, value_mask
+from core.algorithms.advantage import AdvantageInput, compute_advantages
 from core.algorithms.kl_control import KLController
-from core.algorithms.loss import AGGREGATIONS, AggContext, LossInput, compute_policy_loss, kl_penalty, masked_mean
 from core.config.frozen import FrozenConfig
 from core.config.pipeline import prepare, recorded
 from core.config.plan import RLPlan, needs_reference
 from core.config.resume import check_resume_config, write_config
 from core.data import prompts as D
-from core.models.critic import chunked_values, load_critic, token_values, value_loss
+from core.models.critic import load_critic
 from core.models.loading import for_training, load_causal_lm, load_tokenizer, model_dir
-from core.models.logprobs import chunked_logprobs, response_logprobs
 from core.models.warm_start import warm_started_dir
-from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory, to_floats
+from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory
 from core.reporting.results import append_row, write_summary
 from core.rollout import RolloutBatch, Sampling, build_rollout
-from core.rollout.ahead import GenerationAhead
+from core.rollout.ahead import GenerationAhead, RolloutEngine
 from core.rollout.texts import REWARD_TEXTS
 from core.training import distributed
-from core.training.checkpoint import (AlreadyFinished, atomic_dir, load_training_state, prior_run,
+from core.training.backend import Backend, FrozenModel, TrainEngine
+from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
 from core.training.device import check_precision, resolve_device
-from core.training.engine import FrozenModel, build_train_engine, model_init
+from recipes.rl_update import in_reward_kl, rollout_forwards, update
 from verifiers import get_verifier
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from verifiers import VerifierFn
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Run:
-    cfg: object
-    run_dir: Path
-    plan: RLPlan
-    train_rows: list
-    eval_rows: list
-    train_ids: list
-    eval_ids: list
-    tokenizer: object
-    device: torch.device
-    engine: object
-    ref: FrozenModel | None
-    rollout: object
-    verifier: object
+class Data:
+    """The prompts (:func:`_setup_data`): rows as loaded (prompt, answer, ...) and their token ids, after
+    ``data.max_prompt_tokens``; the sampler that draws each step's training prompts."""
+
+    train_rows: list[dict]
+    train_ids: list[list[int]]
+    eval_rows: list[dict]
+    eval_ids: list[list[int]]
     sampler: D.PromptSampler
-    writer: MetricsWriter
+
+
+@dataclass
+class Run:
+    """What an RL run holds between steps; :func:`setup` builds it, one helper per component."""
+
+    cfg: FrozenConfig
+    plan: RLPlan
+    run_dir: Path
+    backend: Backend  # device, dtype and ZeRO placement: it loaded the models and built the engines
+    tokenizer: PreTrainedTokenizerBase
+    data: Data
+    verifier: VerifierFn
+    engine: TrainEngine  # the policy's optimiser engine
+    critic: TrainEngine | None  # the value model's (advantage.critic), else None
+    ref: FrozenModel | None  # the reference policy (kl.reference), else None
+    rollout: RolloutEngine  # samples completions (rollout.engine)
     gen: GenerationAhead  # which weights generate which batch: rollout.generate_ahead (core/rollout/ahead.py)
-    critic: object = None  # optimiser engine of the value model (advantage.critic), else None
-    kl_ctl: KLController | None = None
+    writer: MetricsWriter
+    kl_ctl: KLController
     step: int = 0
     history: dict = field(default_factory=dict)
 
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
+
+    def save_state(self, out_dir) -> None:
+        """The engines' state for a checkpoint folder (``save_training_state``): the critic's in ``critic/``."""
+        self.engine.save_state(out_dir)
+        if self.critic is not None:
+            (Path(out_dir) / "critic").mkdir(exist_ok=True)
+            self.critic.save_state(Path(out_dir) / "critic")
+
+    def load_state(self, out_dir) -> None:
+        self.engine.load_state(out_dir)
+        if self.critic is not None:
+            self.critic.load_state(Path(out_dir) / "critic")
+
 
 def main(cfg, run_dir: str | None = None) -> float:
-    """Setup, train, save; returns the final greedy held-out accuracy (the sweep objective). ``cfg``: a
-    composed config, or one prepared already (core/config/pipeline.py ``prepare``: recipes/run.py's).
+    """Setup, train, save; returns the final greedy held-out accuracy (the sweep objective).
     ``run_dir`` defaults to Hydra's run dir (given explicitly by tests that compose configs). A run dir
     that holds a finished run is not run again (``resume`` true or auto): its recorded objective returns."""
     try:
@@ -98,73 +128,92 @@ def main(cfg, run_dir: str | None = None) -> float:
 
 
 def setup(cfg, run_dir: str | None = None) -> Run:
+    """The run's parts in order: config and plan, backend, data, run dir, models, rollout, logging, the resumed
+    state. What bad input can fail fails before any model is built."""
     prepared = prepare(cfg)  # scaled, checked, planned and frozen (core/config/pipeline.py): before anything else
     cfg = prepared.frozen
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
-    dtype = check_precision(cfg.model.dtype, device)
+    backend = Backend(cfg.zero, device, check_precision(cfg.model.dtype, device))
     rank, _ = distributed.init(device)
     seed_everything(int(cfg.seed), bool(cfg.deterministic))
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
     plan = prepared.plan.for_rows(len(train_rows))  # a step's prompts fit in the data: before any model
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
-    train_rows, train_ids = D.tokenize_rows(train_rows, cfg.data, tokenizer)  # data.max_prompt_tokens applied
-    eval_rows, eval_ids = D.tokenize_rows(eval_rows, cfg.data, tokenizer)
-    plan = plan.for_rows(len(train_rows))  # train.epochs: passes over the rows data.max_prompt_tokens kept
+    data = _setup_data(cfg, tokenizer, train_rows, eval_rows)
+    plan = plan.for_rows(len(data.train_rows))  # train.epochs: passes over the rows data.max_prompt_tokens kept
     verifier = get_verifier(cfg.verifier.name)
+    run_dir, prior = _setup_run_dir(cfg, plan, run_dir)
+    policy, critic, ref = _setup_models(cfg, plan, backend, _warm_start(cfg, path, data, verifier, device))
+    rollout = build_rollout(cfg.rollout.engine, policy.module, tokenizer, cfg.rollout)
+    # the reference onto the device after the rollout engine: a colocated vLLM starts only if the GPU memory it
+    # asks for (rollout.vllm.gpu_memory_utilization) is free
+    ref = backend.frozen(ref) if ref is not None else None
+    run = Run(cfg=cfg, plan=plan, run_dir=run_dir, backend=backend, tokenizer=tokenizer, data=data, verifier=verifier,
+              engine=policy, critic=critic, ref=ref, rollout=rollout, gen=GenerationAhead(rollout),
+              writer=_setup_logging(cfg, run_dir), kl_ctl=KLController(cfg.kl))
+    if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
+        seed_everything(int(cfg.seed) + 1_000_003 * rank, bool(cfg.deterministic))
+    _resume(run, prior)
+    return run
+
+
+def _setup_data(cfg, tokenizer, train_rows: list[dict], eval_rows: list[dict]) -> Data:
+    """The rows tokenized (``data.max_prompt_tokens`` drops longer prompts) and the training prompts' sampler."""
+    train_rows, train_ids = D.tokenize_rows(train_rows, cfg.data, tokenizer)
+    eval_rows, eval_ids = D.tokenize_rows(eval_rows, cfg.data, tokenizer)
+    sampler = D.PromptSampler(len(train_rows), int(cfg.train.prompts_per_step), int(cfg.seed))
+    return Data(train_rows, train_ids, eval_rows, eval_ids, sampler)
+
+
+def _setup_run_dir(cfg, plan: RLPlan, run_dir: str | None) -> tuple[Path, PriorRun]:
+    """Rank 0's run dir (Hydra's unless given) and what it holds, checked against ``resume`` before any model; the
+    config written there, or checked against the one saved when a checkpoint resumes."""
     run_dir = Path(distributed.broadcast_object(str(run_dir or HydraConfig.get().runtime.output_dir)))
-    prior = prior_run(run_dir, cfg.resume)  # before any model: what the dir holds must fit `resume`
+    prior = prior_run(run_dir, cfg.resume)
     if prior.checkpoint is not None:
         check_resume_config(run_dir, recorded(cfg, plan))
     elif distributed.is_main():
         write_config(run_dir, recorded(cfg, plan))
     distributed.barrier()
-    if int(cfg.train.warm_start.steps) > 0:
-        answers = [r["answer"] for r in train_rows]
-        path = str(warm_started_dir(path, cfg.model, cfg.train.warm_start, train_ids, answers, device, verifier,
-                                    int(cfg.rollout.max_new_tokens)))
-    total_updates = plan.total_optimizer_steps
-    # ZeRO-3: every weight partitioned as it loads; the reference under its own config (zero.offload_reference)
-    policy, ref, critic = load_models(cfg, path, lambda reference: model_init(cfg.zero, dtype, reference=reference))
-    engine = _train_engine(policy, cfg, cfg.optim, total_updates, plan, device)
+    return run_dir, prior
+
+
+def _warm_start(cfg, path: str, data: Data, verifier: VerifierFn, device: torch.device) -> str:
+    """The policy's checkpoint: ``path``, or after ``train.warm_start.steps`` of supervised steps on it."""
+    if int(cfg.train.warm_start.steps) == 0:
+        return path
+    answers = [r["answer"] for r in data.train_rows]
+    return str(warm_started_dir(path, cfg.model, cfg.train.warm_start, data.train_ids, answers, device, verifier,
+                                int(cfg.rollout.max_new_tokens)))
+
+
+def _setup_models(cfg, plan: RLPlan, backend: Backend, path: str):
+    """``(policy engine, critic engine or None, reference weights or None)``: every model loaded by the backend, the
+    trained ones in their optimiser engines, the schedule over the run's optimiser steps."""
+    policy, ref, critic = load_models(cfg, path, backend)
+    updates, micro = plan.total_optimizer_steps, int(cfg.train.micro_batch_size)
+    policy = backend.train_engine(policy, cfg.optim, updates, plan.grad_accum, micro)
     if critic is not None:
-        critic = _train_engine(critic, cfg, _critic_optim(cfg), total_updates, plan, device)
-    rollout = build_rollout(cfg.rollout.engine, engine.module, tokenizer, cfg.rollout)
-    run = Run(cfg, run_dir, plan, train_rows, eval_rows, train_ids, eval_ids, tokenizer, device, engine,
-              FrozenModel(ref, cfg.zero, device) if ref is not None else None, rollout, verifier,
-              D.PromptSampler(len(train_rows), int(cfg.train.prompts_per_step), int(cfg.seed)),
-              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main(),
-                            wandb=cfg.logger.wandb, config=cfg),
-              gen=GenerationAhead(rollout, int(cfg.rollout.generate_ahead)), critic=critic, kl_ctl=KLController(cfg.kl))
-    if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
-        seed_everything(int(cfg.seed) + 1_000_003 * rank, bool(cfg.deterministic))
-    if prior.checkpoint is not None:
-        _resume(run, prior.checkpoint)
-    else:
-        run.writer.rewind(0, 0)  # resume=auto without a checkpoint: a killed attempt's records go
-    return run
+        critic = backend.train_engine(critic, _critic_optim(cfg), updates, plan.grad_accum, micro)
+    return policy, critic, ref
 
 
-def load_models(cfg, path: str, placed=None):
+def load_models(cfg, path: str, backend: Backend):
     """``(policy, reference or None, critic or None)`` from ``path``, as the loop trains them (``python -m
-    recipes.probe`` builds them the same way). ``placed(reference)`` is the context each is built in (the loop's
-    :func:`core.training.engine.model_init`; the probe builds them whole). Train mode: transformers checkpoints
-    gradients only there, and from_pretrained returns eval mode; the no-grad passes and generation switch to eval
-    and back. The reference stays in eval (FrozenModel)."""
-    placed = placed or (lambda reference: contextlib.nullcontext())
-    with placed(False):
+    recipes.probe`` builds them the same way, on a backend that keeps them whole), each built where ``backend``
+    places it (ZeRO-3: partitioned as it loads, the reference under its own ``zero.offload_reference``). Train mode:
+    transformers checkpoints gradients only there, and from_pretrained returns eval mode; the no-grad passes and
+    generation switch to eval and back. The reference stays in eval (``backend.frozen``)."""
+    with backend.placed():
         policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
-    with placed(True):
+    with backend.placed(reference=True):
         ref = load_causal_lm(path, cfg.model) if needs_reference(cfg.kl) else None  # beta = 0: none at all
-    with placed(False):
-        critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model), cfg.train.disable_dropout)
-                  if "critic" in cfg.advantage else None)
+    with backend.placed():
+        critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model, backend.writable),
+                               cfg.train.disable_dropout) if "critic" in cfg.advantage else None)
     return policy, ref, critic
 
-
-def _train_engine(model, cfg, optim_cfg, total_updates: int, plan: RLPlan, device: torch.device):
-    return build_train_engine(model, optim_cfg, cfg.zero, total_updates, plan.grad_accum,
-                              int(cfg.train.micro_batch_size), device)
 
 
 def _critic_optim(cfg) -> FrozenConfig:
@@ -173,13 +222,24 @@ def _critic_optim(cfg) -> FrozenConfig:
     return FrozenConfig({**cfg.optim, "optimizer": FrozenConfig({**cfg.optim.optimizer, "lr": lr})})
 
 
-def _resume(run: Run, ckpt: Path) -> None:
-    """Engines, RNG streams, step, history, sampler, KL beta and the batch generated ahead from ``ckpt``; the
-    records cut back to what the checkpoint saw, so the steps after it are logged once, by this run."""
-    state = load_training_state(ckpt, _Engines(run))
+def _setup_logging(cfg, run_dir: Path) -> MetricsWriter:
+    """``metrics.jsonl`` and ``samples.jsonl`` in the run dir, mirrored to TensorBoard and W&B as ``logger`` says;
+    rank 0 writes."""
+    return MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main(),
+                         wandb=cfg.logger.wandb, config=cfg)
+
+
+def _resume(run: Run, prior: PriorRun) -> None:
+    """Engines, RNG streams, step, history, sampler, KL beta and the batch generated ahead from the checkpoint; the
+    records cut back to what it saw, so the steps after it are logged once, by this run. Without a checkpoint
+    (resume=auto, none yet) a killed attempt's records go."""
+    if prior.checkpoint is None:
+        run.writer.rewind(0, 0)
+        return
+    state = load_training_state(prior.checkpoint, run)
     run.step, run.history = state["step"], state["history"]
     run.gen.restore(state["local"], run.device)
-    run.sampler.restore(state["sampler"])
+    run.data.sampler.restore(state["sampler"])
     run.kl_ctl.beta = float(state["kl_beta"])
     run.writer.rewind(state["metrics_rows"], state["sample_rows"])
     if run.cfg.resume_allow_changes:  # the config's optimiser values, not the checkpoint's
@@ -190,44 +250,26 @@ def _resume(run: Run, ckpt: Path) -> None:
         write_config(run.run_dir, recorded(run.cfg, run.plan))  # the resumed config (only keys a resume may change differ)
 
 
-class _Engines:
-    """The policy engine and, when there is one, the critic's: saved into one checkpoint folder."""
-
-    def __init__(self, run: Run):
-        self.run = run
-
-    def save_state(self, out_dir) -> None:
-        self.run.engine.save_state(out_dir)
-        if self.run.critic is not None:
-            (Path(out_dir) / "critic").mkdir(exist_ok=True)
-            self.run.critic.save_state(Path(out_dir) / "critic")
-
-    def load_state(self, out_dir) -> None:
-        self.run.engine.load_state(out_dir)
-        if self.run.critic is not None:
-            self.run.critic.load_state(Path(out_dir) / "critic")
-
-
 def train(run: Run) -> None:
-    cfg, t = run.cfg, run.cfg.train
+    cfg, t, total = run.cfg, run.cfg.train, run.plan.total_steps
     if "eval_before" not in run.history:
         run.history["eval_before"] = evaluate(run)
         run.writer.log(0, {"eval/accuracy": run.history["eval_before"]})
     start = time.perf_counter()
-    bar = tqdm(total=run.plan.total_steps, initial=run.step, desc=run.cfg.recipe_name,
+    bar = tqdm(total=total, initial=run.step, desc=run.cfg.recipe_name,
                disable=not (cfg.logger.progress and distributed.is_main()), dynamic_ncols=True)
-    while run.step < run.plan.total_steps:
+    while run.step < total:
         metrics = rl_step(run)
         run.step += 1
-        if int(t.eval_every) and run.step % int(t.eval_every) == 0 and run.step < run.plan.total_steps:
+        if int(t.eval_every) and run.step % int(t.eval_every) == 0 and run.step < total:
             metrics["eval/accuracy"] = keep_best(run, evaluate(run))
         run.writer.log(run.step, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}",
                         kl=f"{metrics.get('kl', 0.0):.4f}")
         bar.update()
         if int(t.checkpoint_every) and run.step % int(t.checkpoint_every) == 0:
-            save_training_state(run.run_dir / "checkpoint", _Engines(run),
-                                {"step": run.step, "history": run.history, "sampler": run.sampler.state(),
+            save_training_state(run.run_dir / "checkpoint", run,
+                                {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
                                  "kl_beta": run.kl_ctl.beta, "metrics_rows": run.writer.rows,
                                  "sample_rows": run.writer.sample_rows}, local=run.gen.state())
     bar.close()
@@ -240,11 +282,18 @@ def rl_step(run: Run) -> dict:
     """One RL step: sample, score and shape, rollout-phase forwards, advantages, updates."""
     reset_peak_memory()  # memory/peak_mb is this step's
     cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
-    more = run.step + 1 < run.plan.total_steps  # a step follows: with generate_ahead its batch starts now
-    # the batch generated one step ahead, else this step's generated now (core/rollout/ahead.py)
-    idx, roll, made_by = run.gen.next_batch(run.engine, run.step, lambda: draw_prompts(run),
-                                            Sampling.from_cfg(cfg.rollout), more, timer)
-    rows = [run.train_rows[i] for i in idx]  # this rank's rows, group-major (a group may span ranks)
+    sampling = Sampling.from_cfg(cfg.rollout)
+    # Which prompts this step trains and which it starts (core/rollout/ahead.py): the batch generated one step ahead,
+    # else this step's prompts, drawn and generated now; with rollout.generate_ahead, the next step's prompts start
+    # on the current weights before this step trains (none after the last step).
+    if run.gen.pending is None:
+        idx, prompts = draw_prompts(run)
+        run.gen.start(run.engine, run.step, idx, prompts, sampling, timer)
+    idx, roll, made_by = run.gen.take(timer)  # the rows trained now, and the policy version that sampled them
+    if cfg.rollout.generate_ahead and run.step + 1 < run.plan.total_steps:
+        next_idx, next_prompts = draw_prompts(run)
+        run.gen.start(run.engine, run.step, next_idx, next_prompts, sampling, timer)
+    rows = [run.data.train_rows[i] for i in idx]  # this rank's rows, group-major (a group may span ranks)
     with timer.phase("verify"):
         raw, valid, texts = score(run, roll, rows)  # [N], [N], N
     stopped = roll.stopped  # [N]
@@ -284,9 +333,9 @@ def draw_prompts(run: Run) -> tuple[list[int], list[list[int]]]:
     rows are group-major (G per prompt) and each rank takes its contiguous slice, so a group may span ranks (TRL's
     ``process_slice``; the group statistics gather them: core/algorithms/advantage.py)."""
     G = int(run.cfg.train.group_size)
-    step_rows = [i for i in run.sampler.next() for _ in range(G)]
+    step_rows = [i for i in run.data.sampler.next() for _ in range(G)]
     idx = step_rows[distributed.own_rows(len(step_rows))]
-    return idx, [run.train_ids[i] for i in idx]
+    return idx, [run.data.train_ids[i] for i in idx]
 
 
 def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = False):
@@ -318,127 +367,19 @@ def decode_responses(tokenizer, roll: RolloutBatch) -> list[str]:
     return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
 
 
-@dataclass
-class Forwards:
-    """Rollout-phase no-grad forwards, each ``[N, R]`` or None when nothing needs it."""
-
-    old: torch.Tensor | None  # trainer log-probs before the updates (PPO pi_old)
-    ref: torch.Tensor | None  # reference policy log-probs
-    values: torch.Tensor | None  # critic values (stored: V_old of the value clip)
-    rollout: torch.Tensor  # sampler log-probs (the IS correction's denominator)
-
-
-def rollout_forwards(run: Run, roll: RolloutBatch) -> Forwards:
-    """Old-policy log-probs only when something needs them: several optimiser steps per rollout, an IS
-    correction, or KL in the reward. Otherwise the policy has not moved at the first (only) step, so
-    ``old = current.detach()`` exactly, as TRL does. Reference and critic forwards when those exist.
-    All chunked by ``train.logprob_micro_batch_size`` (the sources' forward micro-batch knob)."""
-    cfg, mb = run.cfg, int(run.cfg.train.logprob_micro_batch_size)
-    temp = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)  # greedy: T = 1 log-probs
-    args = (roll.input_ids, roll.attention_mask, roll.prompt_length)
-    is_mode = cfg.loss.is_correction.mode
-    need_old = (run.plan.optimizer_steps_per_rl_step > 1 or is_mode != "none"
-                or (run.ref is not None and cfg.kl.placement == "reward"))
-    packing = cfg.train.packing
-    return Forwards(
-        old=chunked_logprobs(run.engine.module, *args, temp, mb, packing) if need_old else None,
-        ref=chunked_logprobs(run.ref.module, *args, temp, mb, packing) if run.ref is not None else None,
-        values=chunked_values(run.critic.module, *args, mb, packing) if run.critic is not None else None,
-        rollout=roll.logprobs,
-    )
-
-
-def in_reward_kl(run: Run, fw: Forwards, mask) -> tuple[torch.Tensor | None, dict]:
-    """``-beta KL_t(pi_old || pi_ref)`` per token when ``kl.placement == "reward"`` (OpenRLHF
-    ``compute_reward``, Open-Instruct PPO ``non_score_reward``), else None."""
-    if fw.ref is None or run.cfg.kl.placement != "reward":
-        return None, {}
-    kl = kl_penalty(fw.old, fw.ref, run.cfg.kl) * mask  # [N, R]
-    sums = distributed.all_sum(torch.stack([kl.sum(), mask.sum()]).double())  # token mean over all ranks
-    return -run.kl_ctl.beta * kl, {"kl_reward": (sums[0] / sums[1].clamp(min=1)).item()}
-
-
-def update(run: Run, roll: RolloutBatch, mask, adv, ret, fw: Forwards) -> dict:
-    """``ppo_epochs`` passes of mini-batch optimiser steps, each from ``grad_accum`` micro-batches;
-    the critic (if any) steps alongside the policy on the same micro-batches (Open-Instruct PPO). The
-    micro-batch metrics add up on the device (float64, as the floats did) and reach the host once, at the end."""
-    t = run.cfg.train
-    mini = run.plan.mini_batch_per_rank  # this rank's rows of one optimiser step
-    micro, accum = int(t.micro_batch_size), run.plan.grad_accum
-    N, sums, steps = roll.input_ids.shape[0], {}, 0
-    for epoch in range(int(t.ppo_epochs)):
-        order = epoch_order(run, N, epoch)  # [N] rows in the order this epoch visits them
-        for m0 in range(0, N, mini):
-            tokens = distributed.all_sum(mask[order[m0:m0 + mini]].sum().double())  # the step's, all ranks
-            agg = AggContext(num_micro_batches=accum, step_tokens=float(tokens),
-                             world_size=run.plan.world_size, max_tokens=int(run.cfg.rollout.max_new_tokens))
-            for u0 in range(m0, m0 + mini, micro):
-                m = micro_step(run, roll, order[u0:u0 + micro], mask, adv, ret, fw, agg)
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v.double() / accum
-            for k, v in engines_step(run).items():
-                sums[k] = sums.get(k, 0.0) + v
-            steps += 1
-    return to_floats({k: v / steps for k, v in sums.items()})
-
-
-def epoch_order(run: Run, n: int, epoch: int) -> torch.Tensor:
-    """Row order of one PPO epoch over this rank's rows: rollout order, or with
-    ``train.shuffle_mini_batches`` a permutation drawn from its own generator seeded by (seed, rank, RL
-    step, epoch), so the global RNG stream is untouched and a resumed run draws the same order (each
-    learner permutes its local samples, as Open-Instruct does)."""
-    if not run.cfg.train.shuffle_mini_batches:
-        return torch.arange(n, device=run.device)  # [n]
-    seed = int(run.cfg.seed) * 1_000_003 + run.step * 1_009 + epoch + 7_919 * distributed.rank()
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randperm(n, generator=gen).to(run.device)  # [n]
-
-
-def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, fw: Forwards, agg: AggContext) -> dict:
-    """Forward, loss and backward of one micro-batch (rows ``sl``) for the policy and, if present, the
-    critic. Its metrics are detached tensors on the device (no host sync per micro-batch)."""
-    cfg, engine = run.cfg, run.engine
-    temp = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)  # greedy: T = 1 log-probs
-    ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
-    lp, ent = engine.forward(response_logprobs, ids, am, P, temp, with_entropy=True,
-                             entropy_grad=bool(cfg.loss.entropy_coef), packing=cfg.train.packing)
-    inp = LossInput(lp, fw.old[sl] if fw.old is not None else lp.detach(), adv[sl], mask[sl],
-                    fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
-    loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)
-    engine.backward(loss)
-    metrics["loss"] = loss.detach().double() * agg.num_micro_batches
-    if run.critic is not None:
-        c = cfg.advantage.critic
-        v = run.critic.forward(token_values, ids, am, P, cfg.train.packing)  # [n, R]
-        vmask = value_mask(mask[sl], cfg.advantage)  # [n, R] where the returns live
-        per_token = value_loss(v, fw.values[sl], ret[sl], c.clip)  # [n, R]
-        vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, vmask, agg)
-        run.critic.backward(vloss)
-        metrics["value/loss"] = vloss.detach().double() * agg.num_micro_batches
-        metrics["value/mean"] = masked_mean(v.detach(), vmask)
-    return metrics
-
-
-def engines_step(run: Run) -> dict:
-    """Optimiser step of the policy and, if present, of the critic (its own optimiser and LR)."""
-    out = run.engine.step()
-    if run.critic is not None:
-        out.update({f"value/{k}": v for k, v in run.critic.step().items()})
-    return out
-
-
 @torch.no_grad()
 def evaluate(run: Run) -> float:
     """Greedy accuracy on the held-out prompts (``train.eval_prompts`` of them; 0 = all), each rank
     scoring its share; correct and scored counts are summed over ranks."""
-    n, world = int(run.cfg.train.eval_prompts) or len(run.eval_rows), distributed.world()
+    data, world = run.data, distributed.world()
+    n = int(run.cfg.train.eval_prompts) or len(data.eval_rows)
     share = slice(distributed.rank(), n, world)
-    rows, ids = run.eval_rows[:n][share], run.eval_ids[:n][share]
+    rows, ids = data.eval_rows[:n][share], data.eval_ids[:n][share]
     counts = torch.zeros(2, dtype=torch.float64)  # [correct, scored]
     run.gen.push(run.engine, run.step)  # settles a generation in flight first; collective under ZeRO-3
     with run.engine.gathered(run.rollout.gathers_policy):  # collective under ZeRO-3: every rank enters, rows or not
         if run.rollout.collective:  # as many prompts as every other rank (so as many synced generate chunks):
-            ids = ids + run.eval_ids[:1] * (-(-n // world) - len(ids))  # stand-ins fill a short share, then go
+            ids = ids + data.eval_ids[:1] * (-(-n // world) - len(ids))  # stand-ins fill a short share, then go
         if ids:
             roll = run.rollout.generate(ids, Sampling.from_cfg(run.cfg.rollout, greedy=True)).head(len(rows))
         if rows:

@@ -12,15 +12,18 @@ evaluation equals one process's); rank 0 decides the run dir and alone writes co
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
+from core.config.frozen import FrozenConfig
 from core.config.pipeline import prepare, recorded
 from core.config.plan import RMPlan
 from core.config.resume import check_resume_config, write_config
@@ -31,35 +34,51 @@ from core.models.loading import for_training, load_tokenizer, model_dir
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory, to_floats
 from core.reporting.results import append_row, write_summary
 from core.training import distributed
-from core.training.checkpoint import (AlreadyFinished, atomic_dir, load_training_state, prior_run,
+from core.training.backend import Backend, TrainEngine
+from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
 from core.training.device import check_precision, resolve_device
-from core.training.engine import build_train_engine, model_init
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Run:
-    cfg: object
-    run_dir: Path
-    plan: RMPlan
-    train_pairs: list
-    eval_pairs: list
-    data_stats: dict
-    tokenizer: object
-    device: torch.device
-    engine: object
+class Data:
+    """The preference pairs (:func:`_setup_data`), tokenized and length-filtered; why rows were dropped, per split;
+    the sampler that draws each step's pairs."""
+
+    train_pairs: list[dict]
+    eval_pairs: list[dict]
+    stats: dict[str, PD.PairStats]  # "train", "eval"
     sampler: PromptSampler
+
+
+@dataclass
+class Run:
+    """What a reward-model run holds between steps; :func:`setup` builds it, one helper per component."""
+
+    cfg: FrozenConfig
+    plan: RMPlan
+    run_dir: Path
+    backend: Backend  # device, dtype and ZeRO placement: it loaded the model and built the engine
+    tokenizer: PreTrainedTokenizerBase
+    data: Data
+    engine: TrainEngine
     writer: MetricsWriter
     step: int = 0
     history: dict = field(default_factory=dict)
 
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
+
 
 def main(cfg) -> float:
-    """Setup, train, save; returns the final held-out pair accuracy (the sweep objective). ``cfg``: a composed
-    config, or one prepared already (core/config/pipeline.py ``prepare``: recipes/run.py's). A run dir that
+    """Setup, train, save; returns the final held-out pair accuracy (the sweep objective). A run dir that
     holds a finished run is not run again (``resume`` true or auto): its recorded objective returns."""
     try:
         run = setup(cfg)
@@ -71,60 +90,85 @@ def main(cfg) -> float:
 
 
 def setup(cfg) -> Run:
+    """The run's parts in order: config and plan, backend, data, run dir, model, logging, the resumed state. What
+    bad input can fail fails before any model is built."""
     prepared = prepare(cfg)  # scaled, checked, planned and frozen (core/config/pipeline.py): before anything else
     cfg = prepared.frozen
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
-    dtype = check_precision(cfg.model.dtype, device)
+    backend = Backend(cfg.zero, device, check_precision(cfg.model.dtype, device))
     distributed.init(device)
     seed_everything(int(cfg.seed), bool(cfg.deterministic))
     train_rows, eval_rows, stats = PD.load_pairs(cfg.data)  # text checks: before any model
     prepared.plan.for_rows(len(train_rows))  # the pairs make a step before the length filters: before any model
     if int(cfg.train.lora.rank) > 0:
         RM.check_lora_targets(cfg.train.lora, RM.model_skeleton(cfg.model))  # meta device, no weights
-    run_dir = Path(distributed.broadcast_object(str(HydraConfig.get().runtime.output_dir)))  # rank 0's
-    prior = prior_run(run_dir, cfg.resume)  # before any model: what the dir holds must fit `resume`
-    if prior.checkpoint is not None:
-        check_resume_config(run_dir, recorded(cfg, prepared.plan))
-    elif distributed.is_main():
-        write_config(run_dir, recorded(cfg, prepared.plan))
-    distributed.barrier()  # the config is written before any rank reads the dir again
+    run_dir, prior = _setup_run_dir(cfg, prepared.plan)
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     tokenizer.padding_side = cfg.train.padding_side
-    max_len = int(cfg.train.max_len)
-    train_pairs = PD.tokenize_pairs(train_rows, tokenizer, cfg.data, max_len, stats["train"])
-    eval_pairs = PD.tokenize_pairs(eval_rows, tokenizer, cfg.data, max_len, stats["eval"])
-    plan = prepared.plan.for_rows(len(train_pairs))  # again: length filters may have dropped pairs
-    with model_init(cfg.zero, dtype):  # ZeRO-3: every weight partitioned as it loads
-        model = build_model(path, cfg, tokenizer)
-    engine = build_train_engine(model, cfg.optim, cfg.zero, plan.total_steps, plan.grad_accum,
-                                int(cfg.train.micro_batch_size), device)
-    run = Run(cfg, run_dir, plan, train_pairs, eval_pairs, stats, tokenizer, device, engine,
-              PromptSampler(len(train_pairs), int(cfg.train.batch_size), int(cfg.seed)),
-              MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main(),
-                            wandb=cfg.logger.wandb, config=cfg))
-    if prior.checkpoint is not None:
-        _resume(run, prior.checkpoint)
-    else:
-        run.writer.rewind(0)  # resume=auto without a checkpoint: a killed attempt's records go
+    data = _setup_data(cfg, tokenizer, train_rows, eval_rows, stats)
+    plan = prepared.plan.for_rows(len(data.train_pairs))  # again: length filters may have dropped pairs
+    run = Run(cfg=cfg, plan=plan, run_dir=run_dir, backend=backend, tokenizer=tokenizer, data=data,
+              engine=_setup_model(cfg, plan, backend, path, tokenizer), writer=_setup_logging(cfg, run_dir))
+    _resume(run, prior)
     return run
 
 
-def build_model(path: str, cfg, tokenizer):
+def _setup_run_dir(cfg, plan: RMPlan) -> tuple[Path, PriorRun]:
+    """Rank 0's run dir (Hydra's) and what it holds, checked against ``resume`` before any model; the config written
+    there, or checked against the one saved when a checkpoint resumes."""
+    run_dir = Path(distributed.broadcast_object(str(HydraConfig.get().runtime.output_dir)))  # rank 0's
+    prior = prior_run(run_dir, cfg.resume)
+    if prior.checkpoint is not None:
+        check_resume_config(run_dir, recorded(cfg, plan))
+    elif distributed.is_main():
+        write_config(run_dir, recorded(cfg, plan))
+    distributed.barrier()  # the config is written before any rank reads the dir again
+    return run_dir, prior
+
+
+def _setup_data(cfg, tokenizer, train_rows: list[dict], eval_rows: list[dict], stats: dict) -> Data:
+    """The pairs tokenized and cut or dropped at ``train.max_len`` (counted in ``stats``), and the pair sampler."""
+    max_len = int(cfg.train.max_len)
+    train_pairs = PD.tokenize_pairs(train_rows, tokenizer, cfg.data, max_len, stats["train"])
+    eval_pairs = PD.tokenize_pairs(eval_rows, tokenizer, cfg.data, max_len, stats["eval"])
+    sampler = PromptSampler(len(train_pairs), int(cfg.train.batch_size), int(cfg.seed))
+    return Data(train_pairs, eval_pairs, stats, sampler)
+
+
+def _setup_model(cfg, plan: RMPlan, backend: Backend, path: str, tokenizer) -> TrainEngine:
+    """The reward model, built where the backend places it (ZeRO-3: partitioned as it loads), in its engine."""
+    with backend.placed():
+        model = build_model(path, cfg, tokenizer, backend.writable)
+    return backend.train_engine(model, cfg.optim, plan.total_steps, plan.grad_accum, int(cfg.train.micro_batch_size))
+
+
+def build_model(path: str, cfg, tokenizer, writable=contextlib.nullcontext):
     """The scalar-head model in train mode (gradient checkpointing runs only there), dropout off per
-    ``train.disable_dropout``, LoRA-wrapped when ``train.lora.rank > 0``."""
-    model = RM.load_reward_model(path, cfg.model, cfg.train.head_init, tokenizer.pad_token_id)
+    ``train.disable_dropout``, LoRA-wrapped when ``train.lora.rank > 0``. ``writable``: the backend's, under which a
+    fresh head is initialised (:meth:`core.training.backend.Backend.writable`); whole models need none."""
+    model = RM.load_reward_model(path, cfg.model, cfg.train.head_init, tokenizer.pad_token_id, writable)
     model = for_training(model, cfg.train.disable_dropout)  # before LoRA, which keeps its own lora.dropout
     if int(cfg.train.lora.rank) > 0:
         model = RM.apply_lora(model, cfg.train.lora)
     return model
 
 
-def _resume(run: Run, ckpt: Path) -> None:
-    """Engine, RNG streams, step, history and sampler from ``ckpt``; the records cut back to what it saw."""
-    state = load_training_state(ckpt, run.engine)
+def _setup_logging(cfg, run_dir: Path) -> MetricsWriter:
+    """``metrics.jsonl`` in the run dir, mirrored to TensorBoard and W&B as ``logger`` says; rank 0 writes."""
+    return MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main(),
+                         wandb=cfg.logger.wandb, config=cfg)
+
+
+def _resume(run: Run, prior: PriorRun) -> None:
+    """Engine, RNG streams, step, history and sampler from the checkpoint; the records cut back to what it saw.
+    Without a checkpoint (resume=auto, none yet) a killed attempt's records go."""
+    if prior.checkpoint is None:
+        run.writer.rewind(0)
+        return
+    state = load_training_state(prior.checkpoint, run.engine)
     run.step, run.history = state["step"], state["history"]
-    run.sampler.restore(state["sampler"])
+    run.data.sampler.restore(state["sampler"])
     run.writer.rewind(state["metrics_rows"])
     if run.cfg.resume_allow_changes:  # the config's optimiser values, not the checkpoint's
         run.engine.retune(run.cfg.optim.optimizer)
@@ -135,7 +179,8 @@ def _resume(run: Run, ckpt: Path) -> None:
 def train(run: Run) -> None:
     t = run.cfg.train
     if "eval_before" not in run.history:
-        run.writer.log(0, {**run.data_stats["train"].as_metrics("train"), **run.data_stats["eval"].as_metrics("eval")})
+        stats = run.data.stats
+        run.writer.log(0, {**stats["train"].as_metrics("train"), **stats["eval"].as_metrics("eval")})
         run.history["eval_before"] = evaluate(run) if t.eval_before else {}
         run.writer.log(0, run.history["eval_before"])
     start = time.perf_counter()
@@ -152,7 +197,7 @@ def train(run: Run) -> None:
         bar.update()
         if int(t.checkpoint_every) and run.step % int(t.checkpoint_every) == 0:
             save_training_state(run.run_dir / "checkpoint", run.engine,
-                                {"step": run.step, "history": run.history, "sampler": run.sampler.state(),
+                                {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
                                  "metrics_rows": run.writer.rows})
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
@@ -174,12 +219,12 @@ def rm_step(run: Run) -> dict:
     the device (float64) and reach the host once."""
     reset_peak_memory()  # memory/peak_mb is this step's
     t, engine, timer = run.cfg.train, run.engine, PhaseTimer()
-    idx = run.sampler.next()[distributed.rank()::run.plan.world_size]
+    idx = run.data.sampler.next()[distributed.rank()::run.plan.world_size]
     micro, accum = int(t.micro_batch_size), run.plan.grad_accum
     sums = {}
     with timer.phase("update"):
         for u0 in range(0, len(idx), micro):
-            batch = make_batch(run, [run.train_pairs[i] for i in idx[u0:u0 + micro]])
+            batch = make_batch(run, [run.data.train_pairs[i] for i in idx[u0:u0 + micro]])
             r = engine.forward(RM.sequence_rewards, batch)  # [2 x micro]
             loss, m = RM.bt_loss(r, batch["margin"], t.loss)
             engine.backward(loss / accum)
@@ -194,13 +239,14 @@ def rm_step(run: Run) -> dict:
 def evaluate(run: Run, keep_rewards: bool = False) -> dict:
     """Held-out pair accuracy, loss, margin and reward mean/std over ``eval_pairs``, all of them on every rank:
     the numbers of one process, and under ZeRO-3 every rank runs the same forwards (each gathers layers)."""
-    if not run.eval_pairs:
+    pairs = run.data.eval_pairs
+    if not pairs:
         return {}
     t, rc, rr, margins, model = run.cfg.train, [], [], [], run.engine.module
     bs = int(t.eval_batch_size)
     model.eval()
-    for i in range(0, len(run.eval_pairs), bs):
-        batch = make_batch(run, run.eval_pairs[i:i + bs])
+    for i in range(0, len(pairs), bs):
+        batch = make_batch(run, pairs[i:i + bs])
         r = RM.sequence_rewards(model, batch)
         B = r.shape[0] // 2
         rc.append(r[:B]), rr.append(r[B:]), margins.append(batch["margin"])
@@ -217,9 +263,10 @@ def evaluate(run: Run, keep_rewards: bool = False) -> dict:
 
 def save(run: Run) -> float:
     """Final Hugging Face RM (atomic, LoRA merged, reward mean/std inside) and one results row."""
-    h, cfg = run.history, run.cfg
+    h, cfg, data = run.history, run.cfg, run.data
     with atomic_dir(run.run_dir / "model") as tmp:
-        RM.save_reward_model(run.engine, run.tokenizer, tmp, h["eval_after"].get("rewards", {"mean": 0.0, "std": 1.0}))
+        RM.save_reward_model(run.engine, run.tokenizer, tmp, h["eval_after"].get("rewards", {"mean": 0.0, "std": 1.0}),
+                             run.backend.writable)
     run.writer.close()
     after, before = h["eval_after"], h["eval_before"]
     if not distributed.is_main():
@@ -227,16 +274,16 @@ def save(run: Run) -> float:
     row = {
         "recipe": cfg.recipe_name, "loop": "rm", "run_dir": str(run.run_dir), "seed": int(cfg.seed),
         "steps": run.step, "scale": cfg.scale.name, "eval_before": before.get("eval/accuracy"),
-        "eval_after": after.get("eval/accuracy"), "eval_pairs": len(run.eval_pairs),
-        "train_pairs": len(run.train_pairs), "reward_mean": after.get("eval/reward_mean"),
+        "eval_after": after.get("eval/accuracy"), "eval_pairs": len(data.eval_pairs),
+        "train_pairs": len(data.train_pairs), "reward_mean": after.get("eval/reward_mean"),
         "reward_std": after.get("eval/reward_std"), "train_seconds": round(h["train_seconds"], 2),
-        "data": {s: st.as_metrics(s) for s, st in run.data_stats.items()}, "overrides": _overrides(),
+        "data": {s: st.as_metrics(s) for s, st in data.stats.items()}, "overrides": _overrides(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     append_row(Path(cfg.paths.results_dir), row)
     write_summary(run.run_dir, row)  # the mark of a finished run, after its row
     log.info("held-out pair accuracy: before %s, after %s (%d pairs; %d steps, %.1f s); run dir %s",
-             _fmt(row["eval_before"]), _fmt(row["eval_after"]), len(run.eval_pairs), run.step, h["train_seconds"],
+             _fmt(row["eval_before"]), _fmt(row["eval_after"]), len(data.eval_pairs), run.step, h["train_seconds"],
              run.run_dir)
     return float(after.get("eval/accuracy") or 0.0)
 

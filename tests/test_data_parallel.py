@@ -219,8 +219,9 @@ def test_every_rank_generates_as_many_eval_prompts_when_generate_is_collective(m
     monkeypatch.setattr(rl, "score", lambda run, roll, rows, evaluation: seen.append(roll.input_ids[:, :1].tolist())
                         or (torch.ones(len(rows)), torch.ones(len(rows), dtype=torch.bool), None))
     rollout = _ChunkedCollective()
+    data = SimpleNamespace(eval_rows=[{"i": i} for i in range(3)], eval_ids=[[10], [11], [12]])
     run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(eval_prompts=0), rollout=schema.node(
-        schema.RolloutConfig)), eval_rows=[{"i": i} for i in range(3)], eval_ids=[[10], [11], [12]], step=0,
+        schema.RolloutConfig)), data=data, step=0,
         gen=SimpleNamespace(push=lambda *a: None), engine=SimpleNamespace(gathered=lambda on: nullcontext()),
         rollout=rollout)
     assert rl.evaluate(run) == 1.0

@@ -23,7 +23,7 @@ from core.models.logprobs import response_logprobs
 from core.paths import PROJECT_ROOT
 from core.rollout import Sampling, build_rollout
 from core.rollout.server import _sampled_logprobs, even_shares, fan_out, server_urls
-from core.training.engine import build_train_engine
+from core.training.backend import Backend
 from tests.helpers import FAST, TINY, results, run_cli, slow
 from tests.vllm_server_double import digest
 
@@ -31,6 +31,7 @@ CLIENT = "tests.vllm_server_double.GlooVLLMClient"
 MODEL = schema.node(schema.ModelConfig, name_or_path=None, arch="qwen2", tiny=TINY, init_seed=0, dtype="float32")
 OPTIM = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.5},
                                          "max_grad_norm": 0.0, "scheduler": {"name": "constant"}})
+BACKEND = Backend(schema.node(schema.ZeroConfig), torch.device("cpu"), torch.float32)  # plain torch, whole models
 
 
 def _free_ports(n: int) -> list[int]:
@@ -127,7 +128,7 @@ def test_push_reaches_every_server_exactly_and_generation_uses_the_pushed_weight
     path, base = servers
     model, tok = load_causal_lm(path, MODEL), load_tokenizer(path)
     roll = _rollout(model, tok, base, engines=2)
-    engine = build_train_engine(model, OPTIM, schema.node(schema.ZeroConfig), 10, 1, 4, torch.device("cpu"))
+    engine = BACKEND.train_engine(model, OPTIM, 10, 1, 4)
     ids = torch.tensor([[25, 26, 27, 28], [29, 30, 31, 32]])
     loss = engine.forward(lambda m, x: m(input_ids=x).logits.logsumexp(-1).mean(), ids)
     engine.backward(loss)
@@ -168,7 +169,7 @@ def test_a_pending_generation_blocks_a_push_until_its_result_is_taken(servers):
     path, base = servers
     model, tok = load_causal_lm(path, MODEL), load_tokenizer(path)
     roll = _rollout(model, tok, base, engines=1)
-    engine = build_train_engine(model, OPTIM, schema.node(schema.ZeroConfig), 10, 1, 4, torch.device("cpu"))
+    engine = BACKEND.train_engine(model, OPTIM, 10, 1, 4)
     pending = roll.start_generate([[25, 26], [27]], Sampling(max_new_tokens=4, temperature=0.0))
     with pytest.raises(RuntimeError, match="a generation is pending on the vLLM server"):
         roll.sync_weights(engine)

@@ -221,7 +221,7 @@ def test_vllm_after_a_push_matches_hf_greedy_and_logprobs_match_a_forward():
     the plain engine: greedy tokens equal ``hf``'s on the moved model, log-probs equal a forward's."""
     from core.models.logprobs import response_logprobs
     from core.rollout import Sampling, build_rollout
-    from core.training.engine import build_train_engine
+    from core.training.backend import Backend
     from tests.helpers import tiny_model
 
     model, tok = tiny_model()
@@ -235,7 +235,8 @@ def test_vllm_after_a_push_matches_hf_greedy_and_logprobs_match_a_forward():
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen, device="cuda"))
     optim = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}})
-    engine = build_train_engine(model, optim, schema.node(schema.ZeroConfig), 1, 1, 1, torch.device("cuda"))
+    backend = Backend(schema.node(schema.ZeroConfig), torch.device("cuda"), model.dtype)
+    engine = backend.train_engine(model, optim, 1, 1, 1)
     vllm.sync_weights(engine)
     hf = build_rollout("hf", model, tok, schema.node(schema.RolloutConfig))
     a, b = vllm.generate(prompts, sp), hf.generate(prompts, sp)

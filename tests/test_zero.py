@@ -99,7 +99,7 @@ def test_a_deepspeed_engine_reads_the_dtype_keys_and_trains_as_before(reference,
 def _tiny_engine(dtype, lr):
     import torch
 
-    from core.training.engine import build_train_engine
+    from core.training.backend import Backend
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1, bias=False).to(dtype)
@@ -107,7 +107,8 @@ def _tiny_engine(dtype, lr):
         model.weight.fill_(1.0)
     optim = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": lr},
                               "max_grad_norm": 0.0, "scheduler": {"name": "constant"}})
-    return build_train_engine(model, optim, schema.node(schema.ZeroConfig, stage=0), 100, 1, 1, torch.device("cpu"))
+    backend = Backend(schema.node(schema.ZeroConfig, stage=0), torch.device("cpu"), dtype)
+    return backend.train_engine(model, optim, 100, 1, 1)
 
 
 def test_bf16_master_weights_accumulate_updates_below_a_bf16_ulp():
@@ -179,21 +180,21 @@ def test_zero3_models_load_partitioned_and_the_sharded_reference_computes_the_sa
 
 
 def test_the_reference_is_built_under_its_own_zero3_placement(monkeypatch):
-    """``model_init(..., reference=True)``: the ZeRO-3 config ``from_pretrained`` partitions the reference under
+    """``Backend.placed(reference=True)``: the ZeRO-3 config ``from_pretrained`` partitions the reference under
     puts its parameters in CPU memory with ``zero.offload_reference`` (or ``zero.offload_param``), and the
     policy's does not; DeepSpeed never moves a partition afterwards (the 2-rank check above)."""
     import torch
     from transformers.integrations.deepspeed import deepspeed_config
 
-    from core.training import engine
+    from core.training import backend
 
-    monkeypatch.setattr(engine, "_deepspeed_distributed", lambda: None)  # the config only: no process group
+    monkeypatch.setattr(backend, "deepspeed_distributed", lambda: None)  # the config only: no process group
     cpu = {"device": "cpu", "pin_memory": True}
     for keys, policy, reference in (({}, None, None), ({"offload_reference": True}, None, cpu),
                                     ({"offload_param": True}, cpu, cpu)):
         zero = schema.node(schema.ZeroConfig, keys, stage=3)
         for is_ref, want in ((False, policy), (True, reference)):
-            with engine.model_init(zero, torch.float32, reference=is_ref):
+            with backend.Backend(zero, torch.device("cpu"), torch.float32).placed(reference=is_ref):
                 assert deepspeed_config()["zero_optimization"].get("offload_param") == want, (keys, is_ref)
         assert deepspeed_config() is None
 

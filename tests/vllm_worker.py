@@ -23,7 +23,7 @@ from core.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from core.rollout import Sampling  # noqa: E402
 from core.rollout.vllm import VLLMRollout  # noqa: E402
 from core.training import distributed  # noqa: E402
-from core.training.engine import build_train_engine, model_init  # noqa: E402
+from core.training.backend import Backend  # noqa: E402
 from tests import vllm_double  # noqa: E402
 
 MODEL = schema.node(schema.ModelConfig, {"dtype": "float32", "attn_implementation": "sdpa"})
@@ -65,10 +65,11 @@ def record(roll: VLLMRollout, batch) -> dict:
 
 def main(model_dir: str, out: str) -> None:
     rank, _ = distributed.init(torch.device("cpu"))
-    with model_init(ZERO3, torch.float32):
+    backend = Backend(ZERO3, torch.device("cpu"), torch.float32)
+    with backend.placed():
         policy = load_causal_lm(model_dir, MODEL)
     tok = load_tokenizer(model_dir)
-    engine = build_train_engine(policy, OPTIM, ZERO3, 10, 1, 2, torch.device("cpu"))
+    engine = backend.train_engine(policy, OPTIM, 10, 1, 2)
     result = {"whole_at_start": whole_numel(engine.module)}
 
     tp = rollout(engine, tok, {"tensor_parallel_size": 2, "enable_sleep_mode": True})

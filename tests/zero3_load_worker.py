@@ -19,7 +19,7 @@ from core.models.critic import load_critic  # noqa: E402
 from core.models.loading import load_causal_lm  # noqa: E402
 from core.models.logprobs import chunked_logprobs  # noqa: E402
 from core.training import distributed  # noqa: E402
-from core.training.engine import FrozenModel, model_init  # noqa: E402
+from core.training.backend import Backend  # noqa: E402
 
 MODEL = schema.node(schema.ModelConfig, {"dtype": "float32", "attn_implementation": "sdpa"})
 # threshold 0: no parameter of the tiny model stays whole on every rank (DeepSpeed keeps those under 1e5
@@ -43,7 +43,7 @@ def placement(model, frozen) -> dict:
     otherwise, which on CPU is also cpu, hence the type) and the offload device of its engine's parameter coordinator."""
     inits = {placed_by(p) for p in model.parameters()}
     return {"remote": sorted({f"{type(i.remote_device).__name__}:{i.remote_device}" for i in inits}),
-            "engine_offload": str(frozen._engine.optimizer.offload_device)}
+            "engine_offload": str(frozen.engine.optimizer.offload_device)}
 
 
 def batch():
@@ -57,15 +57,15 @@ def batch():
 
 def main(model_dir: str, out: str, offload: bool) -> None:
     distributed.init(torch.device("cpu"))
-    zero = zero3(offload)
-    with model_init(zero, torch.float32, reference=True):  # as recipes/rl.py builds it
+    backend = Backend(zero3(offload), torch.device("cpu"), torch.float32)
+    with backend.placed(reference=True):  # as recipes/rl.py builds it
         ref = load_causal_lm(model_dir, MODEL)
-    with model_init(zero, torch.float32):
-        critic = load_critic(model_dir, schema.node(schema.CriticConfig, head_seed=3), MODEL)
+    with backend.placed():
+        critic = load_critic(model_dir, schema.node(schema.CriticConfig, head_seed=3), MODEL, backend.writable)
     params = list(ref.parameters())
     held = {"partitioned": all(hasattr(p, "ds_id") for p in params),
             "local": sum(p.ds_tensor.numel() for p in params), "full": sum(p.ds_numel for p in params)}
-    frozen = FrozenModel(ref, zero, torch.device("cpu"))
+    frozen = backend.frozen(ref)
     held["placement"] = placement(ref, frozen)
     ids, am = batch()
     lp = chunked_logprobs(frozen.module, ids, am, 6, 1.0, 2, packing=False)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from core.config import schema  # noqa: E402
-from core.training.engine import build_train_engine  # noqa: E402
+from core.training.backend import Backend  # noqa: E402
 
 OPTIM = schema.node(schema.OptimConfig, {
     "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-2, "betas": [0.9, 0.999],
@@ -44,7 +44,7 @@ def main(stage: int, out: str, extra: dict) -> None:
         deepspeed.init_distributed(dist_backend="gloo")
     accum = GLOBAL_BATCH // (MICRO * world)
     zero = schema.node(schema.ZeroConfig, extra, stage=stage)
-    eng = build_train_engine(model(), OPTIM, zero, STEPS, accum, MICRO, torch.device("cpu"))
+    eng = Backend(zero, torch.device("cpu"), torch.float32).train_engine(model(), OPTIM, STEPS, accum, MICRO)
     xs, ys = data()
     losses, lrs = [], []
     for s in range(STEPS):

@@ -1,6 +1,6 @@
 """The schema check (core/config/schema.py holds the schemas): every key of a composed config against its dataclass,
 unknown keys with the nearest valid names, every value against its field's range check. The first check every loop
-runs, before any model (core/config/validate.py ``final_config``)."""
+runs, before any model (core/config/pipeline.py ``prepare``, through core/config/validate.py ``problems``)."""
 from __future__ import annotations
 
 import dataclasses

@@ -9,18 +9,19 @@ initialised N(0, 1/(hidden+1)), ``openrlhf/models/model.py``).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from core.models import packing as packing_lib
 from core.models.loading import with_checkpointing
 from core.training.device import DTYPES, fork_rng
-from core.training.engine import writable
 
 
-def load_critic(policy_path: str, critic_cfg, model_cfg):
+def load_critic(policy_path: str, critic_cfg, model_cfg, writable=contextlib.nullcontext):
     """The value model, in the policy's dtype and with the policy's gradient checkpointing (``model``): from
-    ``critic_cfg.init_from`` if set, else the policy weights plus a new head. Under ZeRO-3, call it inside
-    ``core.training.engine.model_init``."""
+    ``critic_cfg.init_from`` if set, else the policy weights plus a new head, initialised under ``writable(params)``.
+    Under ZeRO-3, call it inside ``Backend.placed()`` with ``Backend.writable`` (core/training/backend.py)."""
     from transformers import AutoModelForSequenceClassification
 
     path = critic_cfg.init_from or policy_path

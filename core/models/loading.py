@@ -194,7 +194,7 @@ def load_tokenizer(path: str):
 
 def load_causal_lm(path: str, model_cfg):
     """``AutoModelForCausalLM.from_pretrained`` with dtype (``model.dtype``), attention and gradient
-    checkpointing from config. Under ZeRO-3, call it inside ``core.training.engine.model_init``."""
+    checkpointing from config. Under ZeRO-3, call it inside ``core.training.backend.Backend.placed``."""
     from transformers import AutoModelForCausalLM
 
     attn = model_cfg.attn_implementation

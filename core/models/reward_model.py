@@ -7,6 +7,7 @@ through one forward pass (``[chosen; rejected]``, as Open-Instruct, OpenRLHF and
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -18,7 +19,6 @@ from core.models.packing import cu_seqlens, varlen_kwargs
 from core.registry import Registry
 from core.training import distributed
 from core.training.device import DTYPES
-from core.training.engine import writable
 
 # Score-head initialisation for a head that the checkpoint does not have (name -> std(hidden)).
 HEAD_INITS: Registry = Registry("train.head_init")
@@ -29,10 +29,12 @@ HEAD_INITS.register("inv_sqrt_hidden")(lambda hidden: 1 / math.sqrt(hidden + 1))
 HEAD_INITS.register("inv_hidden")(lambda hidden: 1 / (hidden + 1))
 
 # ----------------------------------------------------------------------------- model
-def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad_token_id: int | None = None):
+def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad_token_id: int | None = None,
+                      writable=contextlib.nullcontext):
     """``AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)`` with dtype, attention
-    and gradient checkpointing from ``model_cfg``; a fresh head is initialised per ``head_init``. Under
-    ZeRO-3, call it inside ``core.training.engine.model_init``."""
+    and gradient checkpointing from ``model_cfg``; a fresh head is initialised per ``head_init``, under
+    ``writable(params)``. Under ZeRO-3, call it inside ``Backend.placed()`` with ``Backend.writable``
+    (core/training/backend.py)."""
     from transformers import AutoModelForSequenceClassification
 
     from core.models.loading import _require, with_checkpointing
@@ -174,13 +176,14 @@ def reward_stats(rewards: torch.Tensor) -> dict:
 
 
 # ----------------------------------------------------------------------------- save / use
-def save_reward_model(engine, tokenizer, out_dir: Path, stats: dict) -> None:
+def save_reward_model(engine, tokenizer, out_dir: Path, stats: dict, writable=contextlib.nullcontext) -> None:
     """A plain HF folder: LoRA merged into the base weights, reward mean/std in ``config.json``
     (``mean``/``std``, OpenRLHF's names) and in ``reward_stats.json``. Collective (every rank calls it).
 
     Under ZeRO-3 each rank holds a slice of every weight and peft's merge needs whole ones: the merge runs on
-    gathered parameters and rank 0's merged weights are partitioned back (:func:`writable`), then saved
-    consolidated. (OpenRLHF's LoRA RM runs ZeRO-2 and merges after training, ``save_model``.)"""
+    gathered parameters and rank 0's merged weights are partitioned back (``writable``: the backend's,
+    :meth:`core.training.backend.Backend.writable`), then saved consolidated. (OpenRLHF's LoRA RM runs ZeRO-2 and
+    merges after training, ``save_model``.)"""
     module = engine.module
     if hasattr(module, "merge_and_unload"):
         with writable(module.parameters()):

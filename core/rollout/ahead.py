@@ -5,18 +5,20 @@ at each training step after the first the learners broadcast their weights to vL
 prompts to the generation thread (``param_prompt_Q.put``), and train on the responses of the prompts handed
 over one step earlier (``response_ids_Q.get``), which vLLM generated while the previous step trained. The
 batch trained is one policy version stale (Cleanba), and the PPO ratio is taken against log-probs the
-learners recompute, so the sampler's lag is not importance-corrected. Per RL step ``t`` (1-based), here:
+learners recompute, so the sampler's lag is not importance-corrected. Per RL step ``t`` (1-based), the loop
+(``recipes/rl.py`` ``rl_step``) draws the prompts and hands them over:
 
-1. batch ``t``: the pending generation's result if one is pending, else prompts ``t`` generated now;
-2. the current weights pushed to the sampler, unless it holds them already (:meth:`GenerationAhead.push`);
-3. prompts ``t + 1`` drawn and started with those weights, unless ``t`` is the last step (ahead 1 only);
-4. (the loop) scoring, shaping, forwards, advantages and updates on batch ``t``.
+1. batch ``t``: if nothing is pending (step 1, ``generate_ahead: 0``, a resume without a saved batch), prompts
+   ``t`` are drawn and started now (:meth:`GenerationAhead.start`); the pending batch is taken (:meth:`take`);
+2. with ``generate_ahead: 1``, unless ``t`` is the last step, prompts ``t + 1`` are drawn and started with the
+   current weights: a start first pushes them to the sampler, unless it holds them already (:meth:`push`);
+3. (the loop) scoring, shaping, forwards, advantages and updates on batch ``t``.
 
 So with ahead 1 the batch trained at step ``t + 1`` was generated from the weights after step ``t - 1``:
 lag 0 at step 1, 1 from step 2 on. Open-Instruct's first step differs: it queues the first prompts twice
-and trains on them at steps 1 and 2; here step 2 trains on prompts 2. With ahead 0 step 3 never runs and
+and trains on them at steps 1 and 2; here step 2 trains on prompts 2. With ahead 0 step 2 never runs and
 step 1 is the loop's old order, push then generate. Any generation starts from the current weights (a
-generation "now" pushes first), and a push first settles whatever is in flight: a sampler never gets new
+start pushes first), and a push first settles whatever is in flight: a sampler never gets new
 weights mid-generation (a server would generate with weights being overwritten).
 
 The policy version is the number of RL steps taken (each changes the weights once); the loop passes it in.
@@ -26,11 +28,23 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Protocol
 
 import torch
 
 from core.rollout import Done, RolloutBatch, Sampling, keeps_weights, start_generate
+
+
+class RolloutEngine(Protocol):
+    """The members of a rollout engine (``rollout.engine``) that the loop and :class:`GenerationAhead` call; each
+    is described in core/rollout/__init__.py, with the optional ``start_generate`` and ``keeps_weights``."""
+
+    gathers_policy: bool
+    collective: bool
+
+    def sync_weights(self, engine) -> None: ...
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> RolloutBatch: ...
 
 
 @dataclass
@@ -38,37 +52,39 @@ class Pending:
     """A generation started and not yet trained on."""
 
     handle: Any  # .result() -> RolloutBatch; a Done once settled
-    key: Any  # what names its prompts, as the draw gave it (this rank's prompt indices)
+    key: list[int]  # what names its prompts, as the loop drew them (this rank's prompt indices)
     version: int  # the policy version whose weights generate it
 
 
 class GenerationAhead:
-    """Runs steps 1 to 3 above for one rollout engine; ``ahead`` is ``rollout.generate_ahead`` (0 or 1)."""
+    """The generation pending for one rollout engine, started and taken by the loop (steps 1 and 2 above)."""
 
-    def __init__(self, rollout, ahead: int):
-        self.rollout, self.ahead = rollout, int(ahead)
+    def __init__(self, rollout: RolloutEngine):
+        self.rollout = rollout
         self.pending: Pending | None = None
         self.pushed: int | None = None  # the version the sampler holds; None: unknown (just built or resumed)
 
-    def next_batch(self, engine, version: int, draw: Callable[[], tuple[Any, list[list[int]]]],
-                   sampling: Sampling, more: bool, timer) -> tuple[Any, RolloutBatch, int]:
-        """The batch to train at ``version``: ``(key, batch, version that generated it)``. ``draw()`` gives the
-        next step's ``(key, prompts)``; ``more``: another RL step follows this one. Every rank calls it."""
-        if self.pending is None:
-            self._start(engine, version, draw, sampling, timer)
-        with timer.phase("generate"):  # a generation in flight is waited for here
-            self.settle()
-        taken, self.pending = self.pending, None
-        if self.ahead and more:
-            self._start(engine, version, draw, sampling, timer)
-        return taken.key, taken.handle.result(), taken.version
-
-    def _start(self, engine, version: int, draw, sampling: Sampling, timer) -> None:
+    def start(self, engine, version: int, key: list[int], prompts: list[list[int]], sampling: Sampling,
+              timer) -> None:
+        """Start generating ``prompts`` (named ``key``) with the weights of ``version``, pushed first; the batch is
+        pending until :meth:`take`. Every rank calls it."""
+        if self.pending is not None:
+            raise RuntimeError(f"start() at version {version} while the generation of version "
+                               f"{self.pending.version} is pending: take() it first")
         self.push(engine, version, timer)
-        key, prompts = draw()
         # ZeRO-3 hf: the policy gathered whole for a generation that runs now; no-op for engines with their own copy
         with timer.phase("generate"), engine.gathered(self.rollout.gathers_policy):
             self.pending = Pending(start_generate(self.rollout, prompts, sampling), key, version)
+
+    def take(self, timer) -> tuple[list[int], RolloutBatch, int]:
+        """The pending batch, waited for: ``(key, batch, version that generated it)``; nothing is pending after.
+        Every rank calls it."""
+        if self.pending is None:
+            raise RuntimeError("take() with no generation pending: start() one first")
+        with timer.phase("generate"):  # a generation in flight is waited for here
+            self.settle()
+        taken, self.pending = self.pending, None
+        return taken.key, taken.handle.result(), taken.version
 
     def push(self, engine, version: int, timer=None) -> None:
         """The weights of ``version`` into the sampler, after settling any generation in flight; skipped when the

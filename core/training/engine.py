@@ -22,12 +22,9 @@ Both expose the same calls, so a loop never branches on the backend:
 The plain engine is DDP under data parallelism (bucketed all-reduce overlapped with backward, synced on
 the last micro-batch of each optimiser step only, as ``no_sync`` does) and keeps fp32 master weights
 for a bf16 model (:class:`MasterWeights`), as DeepSpeed's bf16 mode does: bf16 forward, backward and
-gradient accumulation, fp32 optimiser step. The reference policy is a :class:`FrozenModel`: on the
-device in its dtype, or under ZeRO-3 a DeepSpeed engine without optimiser that shards it (built in a
-``model_init`` of its own, which can offload it), as TRL's ``prepare_deepspeed`` and OpenRLHF's reference
-model do. Under ZeRO-3 every model
-is built inside :func:`model_init` (``HfDeepSpeedConfig``: ``from_pretrained`` partitions each weight as
-it loads), so no rank ever holds a full copy.
+gradient accumulation, fp32 optimiser step. Which engine a run gets, and whether its parameters are
+partitioned (ZeRO-3), is decided once, by :class:`core.training.backend.Backend`, which builds the engines
+and also loads the models and the frozen reference.
 
 DeepSpeed runs on CPU too (``DS_ACCELERATOR=cpu torchrun ...`` over gloo), which is how its path is
 tested here.
@@ -206,7 +203,7 @@ def deepspeed_config(zero_cfg, optim_cfg, micro_batch: int, grad_accum: int, bf1
     return cfg
 
 
-def _deepspeed_distributed() -> None:
+def deepspeed_distributed() -> None:
     """DeepSpeed's process group: the one ``core.training.distributed.init`` started under torchrun, or a
     world of one outside a launcher (e.g. ``scale=tiny`` in one CPU process)."""
     import deepspeed
@@ -220,78 +217,23 @@ def _deepspeed_distributed() -> None:
                                os.environ.get("DS_ACCELERATOR") != "cpu" else "gloo")
 
 
-def zero3_section(zero_cfg, offload: bool) -> dict:
-    """The ``zero_optimization`` section of a ZeRO-3 model: ``zero.options`` and, with ``offload``, parameter
-    partitions in (pinned) CPU memory."""
-    zero = {"stage": 3, **dict(zero_cfg.options)}
-    if offload:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    return zero
-
-
-def offloads_reference(zero_cfg) -> bool:
-    """The reference's partitions live in CPU memory: ``zero.offload_reference`` (OpenRLHF's
-    ``--ref_reward_offload``), or ``zero.offload_param``, which puts every model's there (TRL's
-    ``prepare_deepspeed`` gives the reference the policy's DeepSpeed config)."""
-    return bool(zero_cfg.offload_reference or zero_cfg.offload_param)
-
-
-@contextlib.contextmanager
-def model_init(zero_cfg, dtype: torch.dtype, reference: bool = False):
-    """Build models inside this context. Under ZeRO-3 it is transformers' ``HfDeepSpeedConfig`` route:
-    ``from_pretrained`` runs under ``deepspeed.zero.Init``, which partitions each weight as it loads, so no
-    rank materialises the whole model (a 70B model is ~140 GB in bf16). Elsewhere it does nothing.
-
-    zero.Init places each partition once, where its config says (``offload_param``), and DeepSpeed never moves
-    a partitioned parameter again: a later ``deepspeed.initialize`` with ``offload_param`` leaves it where it is
-    (partition_parameters.py ``_partition_param`` allocates ``ds_tensor`` only when it is None). So the
-    reference policy is built in a context of its own (``reference``), placed by :func:`offloads_reference`."""
-    if int(zero_cfg.stage) != 3:
-        yield
-        return
-    from transformers.integrations import HfDeepSpeedConfig
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-    _deepspeed_distributed()
-    offload = offloads_reference(zero_cfg) if reference else bool(zero_cfg.offload_param)
-    keep = HfDeepSpeedConfig({"zero_optimization": zero3_section(zero_cfg, offload),
-                              "bf16": {"enabled": dtype == torch.bfloat16},
-                              "train_micro_batch_size_per_gpu": 1})  # noqa: F841 (transformers holds a weakref)
-    try:
-        yield
-    finally:
-        unset_hf_deepspeed_config()  # later calls (generate, save) see no global DeepSpeed config
-
-
-@contextlib.contextmanager
-def writable(params):
-    """Modify ``params`` in place inside (a fresh head's initialisation): under ZeRO-3 they are gathered and
-    rank 0's values are partitioned back on exit; otherwise nothing happens."""
-    params = list(params)
-    if not any(hasattr(p, "ds_id") for p in params):
-        yield
-        return
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
-        yield
-
-
 class DeepSpeedEngine:
     """DeepSpeed ZeRO behind the :class:`TorchEngine` calls (``zero.stage`` 1, 2 or 3). bf16 when the model
     is (``bf16.enabled``: fp32 master weights in DeepSpeed's optimiser). ``zero.offload_optimizer``: the fp32
-    master weights and Adam's moments live in CPU memory and :func:`cpu_adam` steps them there (ZeRO-Offload)."""
+    master weights and Adam's moments live in CPU memory and :func:`cpu_adam` steps them there (ZeRO-Offload).
+    ``partitioned`` (ZeRO-3, as the backend decided): generation gathers the whole model, saving consolidates it."""
 
-    def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int, zero_cfg, micro_batch: int):
+    def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int, zero_cfg, micro_batch: int,
+                 partitioned: bool):
         import deepspeed
 
-        _deepspeed_distributed()
+        deepspeed_distributed()
         params = [p for p in model.parameters() if p.requires_grad]
         bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
         optimizer = cpu_adam(params, optim_cfg) if zero_cfg.offload_optimizer else build_optimizer(params, optim_cfg)
         scheduler = build_scheduler(optimizer, optim_cfg.scheduler, total_steps)
         ds_cfg = deepspeed_config(zero_cfg, optim_cfg, micro_batch, grad_accum, bf16)
-        self.grad_accum, self._micro = grad_accum, 0
+        self.grad_accum, self._micro, self.partitioned = grad_accum, 0, partitioned
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=_Call(model), optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
 
@@ -309,7 +251,7 @@ class DeepSpeedEngine:
     def gathered(self, enabled: bool = True):
         """ZeRO-3: the full parameters on every rank for the duration (collective enter and exit); with
         ``enabled`` false (``rollout.gather_for_generation``) they stay partitioned."""
-        if self.engine.zero_optimization_stage() != 3 or not enabled:
+        if not (self.partitioned and enabled):
             return contextlib.nullcontext()
         return _zero3_gathered(self.engine)
 
@@ -350,7 +292,7 @@ class DeepSpeedEngine:
 
     def save_pretrained(self, out_dir, tokenizer=None) -> None:
         """Gather (ZeRO-3) and save a plain Hugging Face folder from rank 0."""
-        if self.engine.zero_optimization_stage() == 3:
+        if self.partitioned:
             full = self.engine._zero3_consolidated_16bit_state_dict() or {}  # rank 0 only
             state = {k.removeprefix("inner."): v for k, v in full.items()}
         else:
@@ -386,36 +328,4 @@ def _zero3_gathered(engine):
             offload._register_deepspeed_module(offload.module)
 
 
-class FrozenModel:
-    """A model that is only evaluated (the reference policy): eval mode, no gradients, on the device. Under
-    ZeRO-3 a DeepSpeed engine without optimiser shards it across ranks, TRL's ``prepare_deepspeed`` (build it
-    inside ``model_init(..., reference=True)``, which places its partitions: :func:`offloads_reference`);
-    under stages 0-2 each rank holds it whole, as TRL does (ZeRO-1/2 shard optimiser state and gradients,
-    which a frozen model has none of).
-    ``.module`` is called like any model; under ZeRO-3 its hooks gather each layer as it runs, so every
-    rank must run the same number of forwards (equal row counts per rank give that)."""
-
-    def __init__(self, model, zero_cfg, device: torch.device):
-        for p in model.parameters():
-            p.requires_grad_(False)
-        self._engine = None
-        if int(zero_cfg.stage) == 3:
-            import deepspeed
-
-            _deepspeed_distributed()
-            bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
-            self._engine, *_ = deepspeed.initialize(model=model, config={
-                "zero_optimization": zero3_section(zero_cfg, offloads_reference(zero_cfg)),
-                "bf16": {"enabled": bf16}, "train_micro_batch_size_per_gpu": 1, "steps_per_print": 10**9})
-            model = self._engine.module
-        self.module = model.to(device) if self._engine is None else model
-        self.module.eval()
-
-
-def build_train_engine(model, optim_cfg, zero_cfg, total_steps: int, grad_accum: int, micro_batch: int,
-                       device: torch.device):
-    """:class:`TorchEngine` for ``zero.stage == 0``, else :class:`DeepSpeedEngine` (which places the model on
-    its accelerator's device, the rank's GPU or the CPU)."""
-    if int(zero_cfg.stage) == 0:
-        return TorchEngine(model, optim_cfg, total_steps, grad_accum, device)
-    return DeepSpeedEngine(model, optim_cfg, total_steps, grad_accum, zero_cfg, micro_batch)
+TrainEngine = TorchEngine | DeepSpeedEngine  # what Backend.train_engine builds; both answer the calls above

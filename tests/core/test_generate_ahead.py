@@ -119,7 +119,7 @@ def test_pushes_with_evaluations_against_a_deferred_sampler(compose_cfg, tmp_pat
                       f"paths.results_dir={tmp_path}")
     run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
     run.rollout = DeferredCopy(run.engine.module, run.tokenizer, run.cfg.rollout, keeps)
-    run.gen = GenerationAhead(run.rollout, ahead)
+    run.gen = GenerationAhead(run.rollout)
     versions, trained, step, forwards = [], [], rl.rl_step, rl.rollout_forwards
 
     def recording_step(run):  # the policy version each step trains

@@ -8,7 +8,7 @@ import torch
 from core.config import schema
 from core.config.resume import check_resume_config, write_config
 from core.training.checkpoint import ResumeError
-from core.training.engine import build_train_engine
+from core.training.backend import Backend
 
 
 def _engine(lr: float, warmup: int = 4):
@@ -17,7 +17,8 @@ def _engine(lr: float, warmup: int = 4):
     optim = schema.node(schema.OptimConfig, {"optimizer": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
                                                            "weight_decay": 0.0},
                                              "scheduler": {"name": "linear", "warmup_steps": warmup}})
-    return build_train_engine(model, optim, schema.node(schema.ZeroConfig), 10, 1, 1, torch.device("cpu")), optim
+    backend = Backend(schema.node(schema.ZeroConfig), torch.device("cpu"), torch.float32)
+    return backend.train_engine(model, optim, 10, 1, 1), optim
 
 
 def test_retune_puts_the_new_learning_rate_at_the_schedule_step(tmp_path):

@@ -14,11 +14,11 @@ import sys
 import pytest
 
 from core.algorithms.advantage import ADVANTAGES
-from core.algorithms.loss import AGGREGATIONS
+from core.algorithms.loss import AGGREGATIONS, AggContext
 from core.config.pipeline import prepare
 from core.config.validate import ConfigError
 from core.paths import PROJECT_ROOT
-from recipes import rl
+from recipes import rl, rl_update
 
 BASE = ("scale=tiny", "recipe_name=tiny_math_grpo", "train.warm_start.steps=0", "logger.progress=false",
         "logger.tensorboard=false", "train.eval_prompts=4")
@@ -90,7 +90,7 @@ def test_loop_gradient_accumulation_equals_one_batch(compose_cfg, tmp_path, aggr
 
     cfg = compose_cfg(*BASE, f"loss.aggregation={aggregation}", f"paths.results_dir={tmp_path}")
     run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
-    prompts = [run.train_ids[i] for i in range(4) for _ in range(4)]
+    prompts = [run.data.train_ids[i] for i in range(4) for _ in range(4)]
     roll = run.rollout.generate(prompts, Sampling.from_cfg(cfg.rollout))
     fw = rl.rollout_forwards(run, roll)
     mask = roll.response_mask
@@ -98,9 +98,9 @@ def test_loop_gradient_accumulation_equals_one_batch(compose_cfg, tmp_path, aggr
     grads = []
     for micro in (16, 2):
         run.engine.module.zero_grad()
-        agg = rl.AggContext(num_micro_batches=16 // micro, step_tokens=float(mask.sum()), max_tokens=16)
+        agg = AggContext(num_micro_batches=16 // micro, step_tokens=float(mask.sum()), max_tokens=16)
         for u0 in range(0, 16, micro):
-            rl.micro_step(run, roll, slice(u0, u0 + micro), mask, adv, adv, fw, agg)
+            rl_update.micro_step(run, roll, slice(u0, u0 + micro), mask, adv, adv, fw, agg)
         grads.append([p.grad.clone() for p in run.engine.module.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -113,13 +113,13 @@ def test_mini_batch_order_per_epoch(compose_cfg, tmp_path, monkeypatch, shuffle)
     cfg = compose_cfg(*BASE, "train.ppo_epochs=3", "train.mini_batch_size=8", "train.micro_batch_size=4",
                       f"train.shuffle_mini_batches={shuffle}", f"paths.results_dir={tmp_path}")
     run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
-    seen, real = [], rl.micro_step
+    seen, real = [], rl_update.micro_step
 
     def recording(run, roll, rows, *a):
         seen.append(rows.tolist())
         return real(run, roll, rows, *a)
 
-    monkeypatch.setattr(rl, "micro_step", recording)
+    monkeypatch.setattr(rl_update, "micro_step", recording)
     rl.rl_step(run)
     t = run.cfg.train  # after scale=tiny
     n = int(t.prompts_per_step) * int(t.group_size)
@@ -129,9 +129,10 @@ def test_mini_batch_order_per_epoch(compose_cfg, tmp_path, monkeypatch, shuffle)
     assert all(sorted(e) == list(range(n)) for e in epochs)  # every row once per epoch
     if shuffle:
         assert len({tuple(e) for e in epochs}) == 3 and epochs[0] != list(range(n))
-        assert rl.epoch_order(run, n, 1).tolist() == rl.epoch_order(run, n, 1).tolist()  # seeded, repeatable
+        order = rl_update.epoch_order
+        assert order(run, n, 1).tolist() == order(run, n, 1).tolist()  # seeded, repeatable
         run.step += 1
-        assert rl.epoch_order(run, n, 1).tolist() != epochs[1]  # a new draw at the next RL step
+        assert order(run, n, 1).tolist() != epochs[1]  # a new draw at the next RL step
     else:
         assert all(e == list(range(n)) for e in epochs)
 
@@ -249,7 +250,8 @@ def _host_syncs_of_one_update(compose_cfg, tmp_path, monkeypatch, micro: int) ->
                       "train.mini_batch_size=16", f"train.micro_batch_size={micro}", f"paths.results_dir={tmp_path}")
     run = rl.setup(cfg, run_dir=str(tmp_path / f"run{micro}"))
     assert run.plan.grad_accum == 16 // micro
-    roll = run.rollout.generate([run.train_ids[i] for i in range(4) for _ in range(4)], Sampling.from_cfg(cfg.rollout))
+    prompts = [run.data.train_ids[i] for i in range(4) for _ in range(4)]
+    roll = run.rollout.generate(prompts, Sampling.from_cfg(cfg.rollout))
     fw = rl.rollout_forwards(run, roll)
     adv = torch.randn(roll.response_mask.shape, generator=torch.Generator().manual_seed(0)) * roll.response_mask
     calls = [0]
