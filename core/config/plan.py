@@ -225,11 +225,16 @@ def _source(name_or_path: str | None) -> str:
 
 
 def _model(cfg, role: str, source: str, trainable: bool) -> Model:
-    """``role``'s model under ``zero``: the frozen reference's partitions offloaded as core/training/engine.py
-    ``offloads_reference`` places them, the trained models' as ``zero.offload_param`` does."""
-    from core.training.engine import offloads_reference
-
+    """``role``'s model under ``zero``: the frozen reference's partitions offloaded as :func:`offloads_reference`
+    says (the backend places them so: core/training/backend.py), the trained models' as ``zero.offload_param`` does."""
     zero = cfg.zero
     offload = bool(zero.offload_param) if trainable else offloads_reference(zero)
     return Model(role=role, source=source, trainable=trainable, dtype=cfg.model.dtype, zero_stage=zero.stage,
                  offload_params=offload, offload_optimizer=trainable and bool(zero.offload_optimizer))
+
+
+def offloads_reference(zero_cfg) -> bool:
+    """The reference's partitions live in CPU memory: ``zero.offload_reference`` (OpenRLHF's
+    ``--ref_reward_offload``), or ``zero.offload_param``, which puts every model's there (TRL's
+    ``prepare_deepspeed`` gives the reference the policy's DeepSpeed config)."""
+    return bool(zero_cfg.offload_reference or zero_cfg.offload_param)

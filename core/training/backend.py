@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from core.config.plan import offloads_reference
 from core.training.engine import DeepSpeedEngine, TorchEngine, TrainEngine, deepspeed_distributed
 
 if TYPE_CHECKING:
@@ -136,10 +137,3 @@ def zero3_section(zero_cfg, offload: bool) -> dict:
     if offload:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return zero
-
-
-def offloads_reference(zero_cfg) -> bool:
-    """The reference's partitions live in CPU memory: ``zero.offload_reference`` (OpenRLHF's
-    ``--ref_reward_offload``), or ``zero.offload_param``, which puts every model's there (TRL's
-    ``prepare_deepspeed`` gives the reference the policy's DeepSpeed config)."""
-    return bool(zero_cfg.offload_reference or zero_cfg.offload_param)
