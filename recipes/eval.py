@@ -33,7 +33,7 @@ from core.evaluation.sampling import SetResult, add_stop_tokens, generate, score
 from core.evaluation.sets import EvalSet, load_set, tokenize_set  # noqa: E402
 from core.paths import CONF_DIR  # noqa: E402
 from core.registry import Registry  # noqa: E402
-from core.reporting.results import append_rows, markdown_table, write_summary  # noqa: E402
+from core.reporting.results import append_rows, command_line_overrides, markdown_table, write_summary  # noqa: E402
 
 register_resolvers()
 schema.store()
@@ -145,16 +145,10 @@ def result_rows(cfg, src: Source, s: EvalSet, res: SetResult, out: Path, seconds
         "samples": int(cfg.eval.samples), "greedy": greedy, "temperature": None if greedy else float(r.temperature),
         "top_p": None if greedy else float(r.top_p), "max_new_tokens": int(r.max_new_tokens),
         "verifier": s.verifier_name, "seed": src.seed, "eval_seed": int(cfg.seed), "eval_dir": str(out),
-        "eval_seconds": round(seconds, 2), "overrides": _overrides(), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "eval_seconds": round(seconds, 2), "overrides": command_line_overrides(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     return [{**common, "metric": name, "value": value} for name, value in metrics.items()]
-
-
-def _overrides() -> list[str]:
-    try:
-        return list(HydraConfig.get().overrides.task)
-    except ValueError:
-        return []
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")

@@ -44,15 +44,15 @@ from core.models.critic import load_critic
 from core.models.loading import for_training, load_causal_lm, load_tokenizer, model_dir
 from core.models.warm_start import warm_started_dir
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory
-from core.reporting.results import append_row, write_summary
-from core.rollout import RolloutBatch, Sampling, build_rollout
+from core.reporting.results import append_row, command_line_overrides, write_summary
+from core.rollout import Sampling, build_rollout
 from core.rollout.ahead import GenerationAhead, RolloutEngine
-from core.rollout.texts import REWARD_TEXTS
 from core.training import distributed
 from core.training.backend import Backend, FrozenModel, TrainEngine
 from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
 from core.training.device import check_precision, resolve_device
+from recipes.rl_rewards import log_samples, score
 from recipes.rl_update import in_reward_kl, rollout_forwards, update
 from verifiers import get_verifier
 
@@ -247,7 +247,7 @@ def _resume(run: Run, prior: PriorRun) -> None:
         if run.critic is not None:
             run.critic.retune(_critic_optim(run.cfg).optimizer)
     if distributed.is_main():
-        write_config(run.run_dir, recorded(run.cfg, run.plan))  # the resumed config (only keys a resume may change differ)
+        write_config(run.run_dir, recorded(run.cfg, run.plan))  # the resumed config: only keys a resume may change
 
 
 def train(run: Run) -> None:
@@ -338,35 +338,6 @@ def draw_prompts(run: Run) -> tuple[list[int], list[list[int]]]:
     return idx, [run.data.train_ids[i] for i in idx]
 
 
-def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = False):
-    """Verifier rewards ``[N]``, a validity mask ``[N]`` (False where the verifier said None), on the run's
-    device, and the decoded completions; ``evaluation``: by ``verifier.eval_name`` (with ``eval_kwargs``) when set."""
-    texts, v = decode_responses(run.tokenizer, roll), run.cfg.verifier
-    cols = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    fn, kwargs = (get_verifier(v.eval_name), v.eval_kwargs) if evaluation and v.eval_name else (run.verifier, v.kwargs)
-    read = REWARD_TEXTS.get(v.text)(run.tokenizer, roll, texts)  # verifier.text: what it reads
-    rewards = fn(read, **cols, **kwargs)
-    valid = torch.tensor([r is not None for r in rewards], device=run.device)
-    return torch.tensor([0.0 if r is None else float(r) for r in rewards], device=run.device), valid, texts
-
-
-def log_samples(run: Run, rows: list[dict], texts: list[str], raw, valid, finish: list[str]) -> None:
-    """Every ``logger.samples_every`` steps, ``logger.samples`` of this rank's completions, one per prompt
-    group, with prompt, reward and finish reason (``samples.jsonl``, TensorBoard text)."""
-    every, step = int(run.cfg.logger.samples_every), run.step + 1  # the step these rows will be logged as
-    if not every or step % every:
-        return
-    G = int(run.cfg.train.group_size)
-    picks = range(0, len(rows), G)[:int(run.cfg.logger.samples)]
-    run.writer.samples(step, [{"prompt": rows[i]["prompt"], "completion": texts[i], "answer": rows[i].get("answer"),
-                               "reward": raw[i].item() if valid[i] else None, "finish": finish[i]} for i in picks])
-
-
-def decode_responses(tokenizer, roll: RolloutBatch) -> list[str]:
-    ids = roll.response_ids.masked_fill(roll.response_mask == 0, tokenizer.pad_token_id)
-    return tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
-
-
 @torch.no_grad()
 def evaluate(run: Run) -> float:
     """Greedy accuracy on the held-out prompts (``train.eval_prompts`` of them; 0 = all), each rank
@@ -413,7 +384,7 @@ def save(run: Run) -> float:
     row = {
         "recipe": cfg.recipe_name, "run_dir": str(run.run_dir), "seed": int(cfg.seed), "steps": run.step,
         "scale": cfg.scale.name, "eval_before": h["eval_before"], "eval_after": h["eval_after"],
-        "train_seconds": round(h["train_seconds"], 2), "overrides": _overrides(),
+        "train_seconds": round(h["train_seconds"], 2), "overrides": command_line_overrides(),
         **({"best_step": h["best"]["step"], "eval_best": h["best"]["accuracy"]} if "best" in h else {}),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
@@ -422,10 +393,3 @@ def save(run: Run) -> float:
     log.info("greedy held-out accuracy: before RL %.3f, after RL %.3f (%d steps, %.1f s); run dir %s",
              h["eval_before"], h["eval_after"], run.step, h["train_seconds"], run.run_dir)
     return h["eval_after"] if not math.isnan(h["eval_after"]) else 0.0
-
-
-def _overrides() -> list[str]:
-    try:
-        return list(HydraConfig.get().overrides.task)
-    except ValueError:
-        return []

@@ -32,7 +32,7 @@ from core.data.prompts import PromptSampler
 from core.models import reward_model as RM
 from core.models.loading import for_training, load_tokenizer, model_dir
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory, to_floats
-from core.reporting.results import append_row, write_summary
+from core.reporting.results import append_row, command_line_overrides, write_summary
 from core.training import distributed
 from core.training.backend import Backend, TrainEngine
 from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
@@ -277,7 +277,7 @@ def save(run: Run) -> float:
         "eval_after": after.get("eval/accuracy"), "eval_pairs": len(data.eval_pairs),
         "train_pairs": len(data.train_pairs), "reward_mean": after.get("eval/reward_mean"),
         "reward_std": after.get("eval/reward_std"), "train_seconds": round(h["train_seconds"], 2),
-        "data": {s: st.as_metrics(s) for s, st in data.stats.items()}, "overrides": _overrides(),
+        "data": {s: st.as_metrics(s) for s, st in data.stats.items()}, "overrides": command_line_overrides(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     append_row(Path(cfg.paths.results_dir), row)
@@ -290,10 +290,3 @@ def save(run: Run) -> float:
 
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.3f}"
-
-
-def _overrides() -> list[str]:
-    try:
-        return list(HydraConfig.get().overrides.task)
-    except ValueError:
-        return []

@@ -70,3 +70,10 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     sep = "| " + " | ".join("---" for _ in columns) + " |"
     body = ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join([head, sep, *body])
+
+
+def command_line_overrides() -> list[str]:
+    """The overrides this Hydra job was started with, as a results row records them (none outside a Hydra job)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []

@@ -182,7 +182,7 @@ def test_the_reward_reads_what_verls_reward_manager_decodes():
     answer. The completion text without special tokens would score the last turn's."""
     from core.models.loading import build_char_tokenizer
     from core.rollout.texts import REWARD_TEXTS
-    from recipes.rl import decode_responses
+    from recipes.rl_rewards import decode_responses
     from verifiers import get_verifier
 
     tok = build_char_tokenizer("qwen2")
