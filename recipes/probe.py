@@ -288,7 +288,7 @@ def _rl_run(cfg, gpus: int):
     plan, cpu = rl_batch_plan(cfg, gpus), torch.device("cpu")
     policy, ref, critic = rl.load_models(cfg, model_path(cfg.model))
     engine = TorchEngine(policy, cfg.optim, 1, plan["grad_accum"], cpu)
-    ref = FrozenModel(ref, node(ZeroConfig), cpu) if ref is not None else None
+    ref = FrozenModel(ref, node(ZeroConfig, stage=0), cpu) if ref is not None else None
     if critic is not None:
         critic = TorchEngine(critic, rl._critic_optim(cfg), 1, plan["grad_accum"], cpu)
     return rl.Run(cfg, None, plan, [], [], [], [], None, cpu, engine, ref, None, None, None, None, None,

@@ -127,7 +127,7 @@ def test_push_reaches_every_server_exactly_and_generation_uses_the_pushed_weight
     path, base = servers
     model, tok = load_causal_lm(path, MODEL), load_tokenizer(path)
     roll = _rollout(model, tok, base, engines=2)
-    engine = build_train_engine(model, OPTIM, schema.node(schema.ZeroConfig), 10, 1, 4, torch.device("cpu"))
+    engine = build_train_engine(model, OPTIM, schema.node(schema.ZeroConfig, stage=0), 10, 1, 4, torch.device("cpu"))
     ids = torch.tensor([[25, 26, 27, 28], [29, 30, 31, 32]])
     loss = engine.forward(lambda m, x: m(input_ids=x).logits.logsumexp(-1).mean(), ids)
     engine.backward(loss)
@@ -168,7 +168,7 @@ def test_a_pending_generation_blocks_a_push_until_its_result_is_taken(servers):
     path, base = servers
     model, tok = load_causal_lm(path, MODEL), load_tokenizer(path)
     roll = _rollout(model, tok, base, engines=1)
-    engine = build_train_engine(model, OPTIM, schema.node(schema.ZeroConfig), 10, 1, 4, torch.device("cpu"))
+    engine = build_train_engine(model, OPTIM, schema.node(schema.ZeroConfig, stage=0), 10, 1, 4, torch.device("cpu"))
     pending = roll.start_generate([[25, 26], [27]], Sampling(max_new_tokens=4, temperature=0.0))
     with pytest.raises(RuntimeError, match="a generation is pending on the vLLM server"):
         roll.sync_weights(engine)

@@ -235,7 +235,7 @@ def test_vllm_after_a_push_matches_hf_greedy_and_logprobs_match_a_forward():
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen, device="cuda"))
     optim = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}})
-    engine = build_train_engine(model, optim, schema.node(schema.ZeroConfig), 1, 1, 1, torch.device("cuda"))
+    engine = build_train_engine(model, optim, schema.node(schema.ZeroConfig, stage=0), 1, 1, 1, torch.device("cuda"))
     vllm.sync_weights(engine)
     hf = build_rollout("hf", model, tok, schema.node(schema.RolloutConfig))
     a, b = vllm.generate(prompts, sp), hf.generate(prompts, sp)

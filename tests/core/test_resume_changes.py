@@ -17,7 +17,8 @@ def _engine(lr: float, warmup: int = 4):
     optim = schema.node(schema.OptimConfig, {"optimizer": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
                                                            "weight_decay": 0.0},
                                              "scheduler": {"name": "linear", "warmup_steps": warmup}})
-    return build_train_engine(model, optim, schema.node(schema.ZeroConfig), 10, 1, 1, torch.device("cpu")), optim
+    zero = schema.node(schema.ZeroConfig, stage=0)
+    return build_train_engine(model, optim, zero, 10, 1, 1, torch.device("cpu")), optim
 
 
 def test_retune_puts_the_new_learning_rate_at_the_schedule_step(tmp_path):
