@@ -285,7 +285,8 @@ def _rl_run(cfg, plan):
     from core.training.device import DTYPES
     from recipes import rl
 
-    backend, micro = Backend(node(ZeroConfig), torch.device("cpu"), DTYPES[cfg.model.dtype]), plan.grad_accum
+    backend = Backend(node(ZeroConfig, stage=0), torch.device("cpu"), DTYPES[cfg.model.dtype])  # whole, on the CPU
+    micro = plan.grad_accum
     policy, ref, critic = rl.load_models(cfg, model_path(cfg.model), backend)
     engine = backend.train_engine(policy, cfg.optim, 1, micro, plan.micro_batch_size)
     if critic is not None:

@@ -26,6 +26,46 @@ def tiny_model(arch: str = "qwen2", seed: int = 0):
     return load_causal_lm(path, cfg), load_tokenizer(path)
 
 
+def option_parts(path: Path) -> tuple[type, tuple[Path, ...], dict]:
+    """A group option's (or primary config's) schema (named in its defaults list, or by the option of its group it
+    extends), the options it extends, and its own values (Hydra's own ``hydra`` node left out)."""
+    from omegaconf import OmegaConf
+
+    from core.evaluation.schema import EvalRunConfig
+
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    raw.pop("hydra", None)
+    named, bases = None, []
+    for entry in raw.pop("defaults", []):
+        if isinstance(entry, str) and entry.startswith("/schema/"):
+            named = {**schema.SCHEMAS, "eval": EvalRunConfig}[entry.removeprefix("/schema/").removesuffix("@_here_")]
+        elif isinstance(entry, str) and entry != "_self_":  # another option of the group (not a group choice)
+            bases.append(path.parent / f"{entry}.yaml")
+    named = named or next((option_parts(b)[0] for b in bases), None)
+    assert named is not None, f"{path}: names no schema and extends no option that does"
+    return named, tuple(bases), raw
+
+
+def option_node(path: Path, own: dict | None = None):
+    """The group option at ``path`` as Hydra composes it: its schema, the options it extends, then its own values
+    (``own`` in their place when given)."""
+    from omegaconf import OmegaConf
+
+    named, bases, values = option_parts(path)
+    extended = [option_node(base) for base in bases]
+    return OmegaConf.merge(OmegaConf.structured(named), *extended, values if own is None else own)
+
+
+def group_option(name: str, values: dict | None = None, **kw):
+    """The group option ``name`` (``"advantage/grpo"``: conf/advantage/grpo.yaml) with ``values`` and ``kw`` merged
+    over it: a node outside a composed run whose required keys (``???`` in the schema) hold the option's values."""
+    from omegaconf import OmegaConf
+
+    from core.paths import CONF_DIR
+
+    return OmegaConf.merge(option_node(CONF_DIR / f"{name}.yaml"), values or {}, kw)
+
+
 def slow(*values, **kwargs):
     """A parametrize case that runs in ``make test-slow``: ``make test`` keeps one or two of a family, not each."""
     return pytest.param(*values, marks=pytest.mark.slow, **kwargs)

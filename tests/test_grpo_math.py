@@ -12,8 +12,8 @@ from core.config import schema
 
 ADV_CFG = schema.node(schema.GrpoAdvantageConfig, {"name": "grpo", "std": "group", "unbiased_std": True, "eps": 1e-4})
 LOSS_CFG = schema.node(schema.LossConfig, {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.2, "entropy_coef": 0.0,
-                             "aggregation": "token_mean"})
-KL_CFG = schema.node(schema.KLConfig, {"estimator": "k3", "coef": 0.1, "placement": "loss"})
+                             "aggregation": "token_mean", "log_ratio_clamp": None})
+KL_CFG = schema.node(schema.KLConfig, {"estimator": "k3", "coef": 0.1, "placement": "loss", "clamp": None})
 
 
 def test_grpo_advantage_hand_computed():

@@ -31,7 +31,7 @@ CLIENT = "tests.vllm_server_double.GlooVLLMClient"
 MODEL = schema.node(schema.ModelConfig, name_or_path=None, arch="qwen2", tiny=TINY, init_seed=0, dtype="float32")
 OPTIM = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.5},
                                          "max_grad_norm": 0.0, "scheduler": {"name": "constant"}})
-BACKEND = Backend(schema.node(schema.ZeroConfig), torch.device("cpu"), torch.float32)  # plain torch, whole models
+BACKEND = Backend(schema.node(schema.ZeroConfig, stage=0), torch.device("cpu"), torch.float32)  # plain torch, whole models
 
 
 def _free_ports(n: int) -> list[int]:

@@ -235,7 +235,7 @@ def test_vllm_after_a_push_matches_hf_greedy_and_logprobs_match_a_forward():
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen, device="cuda"))
     optim = schema.node(schema.OptimConfig, {"optimizer": {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}})
-    backend = Backend(schema.node(schema.ZeroConfig), torch.device("cuda"), model.dtype)
+    backend = Backend(schema.node(schema.ZeroConfig, stage=0), torch.device("cuda"), model.dtype)
     engine = backend.train_engine(model, optim, 1, 1, 1)
     vllm.sync_weights(engine)
     hf = build_rollout("hf", model, tok, schema.node(schema.RolloutConfig))

@@ -180,7 +180,7 @@ def grpo(inp: AdvantageInput, cfg):
 
     def normalised(r: torch.Tensor) -> torch.Tensor:  # [B, G] -> [B, G]
         centred = r - _mean(r, -1)  # [B, G]
-        return centred if scope is None else centred / (scope(r, bool(cfg.unbiased_std)) + float(cfg.eps))
+        return centred if scope is None else centred / (scope(r, cfg.unbiased_std) + cfg.eps)
 
     return _outcome(inp, _excluded_zero(_on_groups(inp, normalised)))
 
@@ -206,7 +206,7 @@ def reinforce_pp(inp: AdvantageInput, cfg):
     """REINFORCE++ (Hu 2025, arXiv 2501.03262; OpenRLHF ``reinforce``): no baseline, advantage is the
     discounted return ``G_t`` of the per-token rewards (score at the end, ``-beta KL_t`` on every
     token); OpenRLHF then whitens globally (``advantage.whiten: global``)."""
-    return _outcome(inp, inp.scores.float(), float(cfg.gamma))
+    return _outcome(inp, inp.scores.float(), cfg.gamma)
 
 
 @ADVANTAGES.register("reinforce_pp_baseline", min_group_size=2)
@@ -226,7 +226,7 @@ def gae_estimator(inp: AdvantageInput, cfg):
         raise ValueError("advantage.name=gae needs critic values (set advantage.critic)")
     vmask = value_mask(inp.response_mask, cfg)  # [N, R]
     rewards = token_rewards(inp, inp.scores, vmask)  # [N, R]
-    return gae(rewards, inp.values, vmask, float(cfg.gamma), float(cfg.lam))
+    return gae(rewards, inp.values, vmask, cfg.gamma, cfg.lam)
 
 
 # ----------------------------------------------------------------------------------- whitening
@@ -260,7 +260,7 @@ def whiten_global(adv: torch.Tensor, mask: torch.Tensor, cfg) -> torch.Tensor:
     s, n = _reduce((adv * m).sum(), m.sum())
     mean = s / n
     out = adv - mean  # [N, R]
-    if bool(cfg.whiten_std):
+    if cfg.whiten_std:
         (sq,) = _reduce((((adv - mean) ** 2) * m).sum())
         out = out * (sq / n).clamp(min=1e-8).rsqrt()
     return out * m  # [N, R]

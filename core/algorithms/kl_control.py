@@ -26,15 +26,15 @@ def fixed(beta: float, kl: float, n: int, cfg) -> float:
 @KL_CONTROLLERS.register("adaptive", needs_target=True)
 def adaptive(beta: float, kl: float, n: int, cfg) -> float:
     """One adaptive update from the measured mean KL of the step (Ziegler et al. 2019)."""
-    err = min(max(kl / float(cfg.target) - 1.0, -0.2), 0.2)
-    return beta * (1.0 + err * n / float(cfg.horizon))
+    err = min(max(kl / cfg.target - 1.0, -0.2), 0.2)
+    return beta * (1.0 + err * n / cfg.horizon)
 
 
 class KLController:
     """Holds the current beta; ``update`` after each RL step with that step's mean KL."""
 
     def __init__(self, kl_cfg):
-        self.cfg, self.beta = kl_cfg, float(kl_cfg.coef)
+        self.cfg, self.beta = kl_cfg, kl_cfg.coef
         self._fn = KL_CONTROLLERS.get(kl_cfg.controller)
 
     def update(self, kl: float, n: int) -> float:

@@ -53,14 +53,14 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, cfg):
     """``-min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A)``, with dual clip ``-max(., c A)`` for
     ``A < 0`` when ``cfg.dual_clip = c > 1`` (Ye et al. 2019, arXiv 1912.09729; OpenRLHF
     ``models/loss.py::PolicyLoss``, veRL ``clip_ratio_c``). Returns ``(loss [N, R], clipped [N, R])``."""
-    lo, hi = 1.0 - float(cfg.clip_low), 1.0 + float(cfg.clip_high)
+    lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
     surr1 = ratio * adv  # [N, R]
     surr2 = torch.clamp(ratio, lo, hi) * adv  # [N, R]
     clip1 = torch.minimum(surr1, surr2)  # [N, R]
     clipped = surr2 < surr1  # [N, R] OpenRLHF ppo_clip_ratio
     c = cfg.dual_clip
     if c:
-        clip3 = torch.maximum(clip1, float(c) * adv)  # [N, R]
+        clip3 = torch.maximum(clip1, c * adv)  # [N, R]
         clipped = clipped | ((adv < 0) & (clip3 > clip1))  # [N, R]
         clip1 = torch.where(adv < 0, clip3, clip1)  # [N, R]
     return -clip1, clipped
@@ -73,7 +73,7 @@ def exp_log_ratio(log_ratio: torch.Tensor, cfg) -> torch.Tensor:
     too (``models/loss.py::PolicyLoss``, ``ppo`` only, @3c3be62, since df78645e / v0.10.3); TRL
     (``grpo_trainer.py::_compute_loss``, 0.18 and 1.16), Open-Instruct and the SimpleRL veRL fork do not."""
     c = cfg.log_ratio_clamp
-    return torch.exp(log_ratio.clamp(-float(c), float(c)) if c else log_ratio)
+    return torch.exp(log_ratio.clamp(-c, c) if c else log_ratio)
 
 
 @POLICY_LOSSES.register("ppo_clip")
@@ -120,20 +120,20 @@ def is_none(inp: LossInput, cfg):
 @IS_CORRECTIONS.register("token_truncate")
 def is_token_truncate(inp: LossInput, cfg):
     """Truncated IS (TIS; TRL ``token_truncate``, OpenRLHF TIS): ``w = clamp(exp(log w), low, high)``."""
-    return torch.exp(_is_log_weight(inp)).clamp(float(cfg.low or 0.0), float(cfg.high))  # [N, R]
+    return torch.exp(_is_log_weight(inp)).clamp(cfg.low or 0.0, cfg.high)  # [N, R]
 
 
 @IS_CORRECTIONS.register("token_mask")
 def is_token_mask(inp: LossInput, cfg):
     """Masked IS (TRL ``token_mask``, OpenRLHF ``icepop``): ``w`` zeroed outside ``[low, high]``."""
     w = torch.exp(_is_log_weight(inp))  # [N, R]
-    return w * ((w >= float(cfg.low or 0.0)) & (w <= float(cfg.high)))  # [N, R]
+    return w * ((w >= (cfg.low or 0.0)) & (w <= cfg.high))  # [N, R]
 
 
 @IS_CORRECTIONS.register("sequence_truncate")
 def is_sequence_truncate(inp: LossInput, cfg):
     """TRL ``sequence_truncate``: per-sequence weight ``exp(sum_t log w)`` clamped to ``[low, high]``."""
-    return torch.exp(_seq(_is_log_weight(inp))).clamp(float(cfg.low or 0.0), float(cfg.high))  # [N, R]
+    return torch.exp(_seq(_is_log_weight(inp))).clamp(cfg.low or 0.0, cfg.high)  # [N, R]
 
 
 @IS_CORRECTIONS.register("sequence_mask")
@@ -141,7 +141,7 @@ def is_sequence_mask(inp: LossInput, cfg):
     """TRL ``sequence_mask`` (default at ``huggingface/trl@f2cd577``): per-sequence weight zeroed
     outside ``[low, high]``."""
     w = torch.exp(_seq(_is_log_weight(inp)))  # [N, R]
-    return w * ((w >= float(cfg.low or 0.0)) & (w <= float(cfg.high)))  # [N, R]
+    return w * ((w >= (cfg.low or 0.0)) & (w <= cfg.high))  # [N, R]
 
 
 @IS_CORRECTIONS.register("sequence_geo_mask")
@@ -151,7 +151,7 @@ def is_sequence_geo_mask(inp: LossInput, cfg):
     logw = _is_log_weight(inp)  # [N, R]
     m = inp.mask.float()  # [N, R]
     geo = torch.exp((logw * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1))  # [N, 1]
-    keep = (geo >= float(cfg.low or 0.0)) & (geo <= float(cfg.high))  # [N, 1]
+    keep = (geo >= (cfg.low or 0.0)) & (geo <= cfg.high)  # [N, 1]
     return torch.exp(logw) * keep  # [N, R]
 
 
@@ -184,9 +184,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kl_cfg) -> torch.Tens
     the result (OpenRLHF >= v0.8.6 and the SimpleRL veRL fork's k3: 10). null = no clamp (TRL)."""
     lr_clamp, out_clamp = kl_cfg.log_ratio_clamp, kl_cfg.clamp
     if lr_clamp:
-        logp = ref_logp + (logp - ref_logp).clamp(-float(lr_clamp), float(lr_clamp))  # [N, R]
+        logp = ref_logp + (logp - ref_logp).clamp(-lr_clamp, lr_clamp)  # [N, R]
     kl = KL_ESTIMATORS.get(kl_cfg.estimator)(logp, ref_logp)  # [N, R]
-    return kl.clamp(-float(out_clamp), float(out_clamp)) if out_clamp else kl  # [N, R]
+    return kl.clamp(-out_clamp, out_clamp) if out_clamp else kl  # [N, R]
 
 
 # ----------------------------------------------------------------------------------- aggregations
@@ -256,8 +256,8 @@ def compute_policy_loss(inp: LossInput, loss_cfg, kl_cfg, ctx: AggContext, kl_co
         kl = kl_penalty(inp.logprobs, inp.ref_logprobs, kl_cfg)  # [N, R]
         metrics["kl"] = masked_mean(kl.detach(), inp.mask)
         if kl_cfg.placement == "loss":
-            per_token = per_token + float(kl_cfg.coef if kl_coef is None else kl_coef) * kl  # [N, R]
-    coef = float(loss_cfg.entropy_coef)
+            per_token = per_token + (kl_cfg.coef if kl_coef is None else kl_coef) * kl  # [N, R]
+    coef = loss_cfg.entropy_coef
     if inp.entropy is not None:
         metrics["entropy"] = masked_mean(inp.entropy.detach(), inp.mask)
         if coef:

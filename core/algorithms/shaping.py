@@ -68,8 +68,8 @@ def shape(scores: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor, stopped
     value where ``valid [N]`` is False: the verifier said None). Returns ``(scores [N], mask [N, R])``.
     The penalties edit scored samples only: an unscored one keeps what ``none_reward`` made of it."""
     unscored, mask = none_rewards(scores, valid, mask, cfg.none_reward)  # [N], [N, R]
-    shaped = overlong_penalty(scores.float(), mask.sum(-1), max_len, int(cfg.overlong_buffer),
-                              float(cfg.overlong_factor))
+    shaped = overlong_penalty(scores.float(), mask.sum(-1), max_len, cfg.overlong_buffer,
+                              cfg.overlong_factor)
     shaped = non_stop_penalty(shaped, stopped, cfg.non_stop_penalty)
     scores = torch.where(valid, shaped, unscored)  # [N]
-    return scores, truncation_mask(mask, stopped, bool(cfg.mask_truncated))
+    return scores, truncation_mask(mask, stopped, cfg.mask_truncated)

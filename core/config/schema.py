@@ -1,22 +1,22 @@
 """The typed schema of every config key: Hydra structured configs (dataclasses in the ConfigStore).
 
-Each group YAML names its schema at the top of its defaults list (``- /schema/train/rl@_here_``) and holds
-values; the dataclass gives every key its one type and one default, and Hydra refuses a value of the wrong
-type while it composes (``seed=abc``). A field's ``check`` metadata is its range (probabilities in [0, 1],
-positive sizes and learning rates, non-negative coefficients, enums); ``check_schema`` (core/config/checking.py)
-applies them to the final config (after ``scale``), refuses keys no schema declares (``+train.unknown_key=1``,
-which Hydra lets through) with the nearest valid names, and is the first check every loop runs, before any model.
+Each group YAML names its schema at the top of its defaults list (``- /schema/train/rl@_here_``). A field gives its
+key one type (Hydra refuses ``seed=abc`` while it composes) and, as ``check`` metadata, its range (probabilities in
+[0, 1], positive sizes, enums): ``check_schema`` (core/config/checking.py) applies them to the final config (after
+``scale``) and refuses keys no schema declares (``+train.unknown_key=1``, which Hydra lets through), before any model.
+A key's default has one home: the field's default here, which no group option restates, or, for a field that is
+``MISSING`` (``???``: required), the YAML of every option of its group; tests/core/test_one_home.py checks both.
 
 A group with variants has one schema per variant (``train``: RL or reward-model loop; ``data``: prompts or
-preference pairs; ``advantage``: one per estimator with its own keys). Free-form nodes (``kwargs``,
-``options``, a tiny model's dimensions) are ``Dict[str, Any]`` and are checked where they are used.
+preference pairs; ``advantage``: one per estimator). Free-form nodes (``kwargs``, ``options``, a tiny model's
+dimensions) are ``Dict[str, Any]``, checked where they are used.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from core.config.ranges import (BOOL_OR_AUTO, NONNEG, OPT_POS, POS, above, at_least, between, ck, one_of,
                                 registered)
@@ -26,24 +26,24 @@ from core.config.ranges import (BOOL_OR_AUTO, NONNEG, OPT_POS, POS, above, at_le
 
 @dataclass
 class PathsConfig:
-    data_dir: str = "../shared/data"
-    results_dir: str = "results"
+    data_dir: str = MISSING
+    results_dir: str = MISSING
 
 
 @dataclass
 class Config:
     """conf/config.yaml: the keys outside any group. The groups are typed by their own schemas below."""
 
-    loop: str = ck("rl", one_of("rl", "rm"))
-    seed: int = ck(0, NONNEG)
+    loop: str = ck(MISSING, one_of("rl", "rm"))
+    seed: int = ck(MISSING, NONNEG)
     # torch's deterministic algorithms for the whole process (core/training/checkpoint.py seed_everything):
     # on CUDA deterministic kernels and every torch.empty NaN-filled; a CPU run repeats bit for bit without it.
     deterministic: bool = False
-    device: str = "auto"
-    cpu_threads: int = ck(0, NONNEG)
-    recipe_name: str = "?"
-    resume: Any = ck(False, BOOL_OR_AUTO)
-    resume_allow_changes: bool = False
+    device: str = MISSING
+    cpu_threads: int = ck(MISSING, NONNEG)
+    recipe_name: str = MISSING
+    resume: Any = ck(MISSING, BOOL_OR_AUTO)
+    resume_allow_changes: bool = MISSING
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = None
     data: Any = None
@@ -81,63 +81,63 @@ class SourceConfig:
 class ModelConfig:
     name_or_path: Optional[str] = None  # hub name or local dir; null: build ``tiny`` locally
     arch: str = ck("qwen2", registered("core.models.loading", "ARCHITECTURES"))
-    init_seed: int = ck(0, NONNEG)
-    tiny: Optional[Dict[str, Any]] = None
-    dtype: str = ck("float32", one_of("float32", "bfloat16", "float16"))
+    init_seed: int = ck(0, NONNEG)  # seed of a locally built model's random initialisation
+    tiny: Optional[Dict[str, Any]] = None  # the locally built model's config fields (its architecture class's)
+    dtype: str = ck("float32", one_of("float32", "bfloat16", "float16"))  # precision of the trained weights
     attn_implementation: str = ck("sdpa", one_of("eager", "sdpa", "flash_attention_2", "flash_attention_3"))
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, about 30% slower
 
 
 @dataclass
 class PromptDataConfig:
     source: str = ck("arithmetic", registered("core.data.prompts", "SOURCES"))
-    path: Optional[str] = None
-    hub_name: Optional[str] = None
+    path: Optional[str] = None  # source=file: .jsonl, .jsonl.gz, .json or .parquet (relative: to the project root)
+    hub_name: Optional[str] = None  # source=hub: datasets.load_dataset(hub_name, hub_config, split)
     hub_config: Optional[str] = None
     split: str = "train"
-    eval_path: Optional[str] = None
-    eval_split: str = "test"
+    eval_path: Optional[str] = None  # the held-out rows' file (a generated source holds out rows of its own)
+    eval_split: str = "test"  # the held-out split (source=hub)
     eval_hub_name: Optional[str] = None  # source=hub: the eval split's dataset (its default config); null: hub_name
     prompt_key: str = "prompt"  # a column, or a path into nested ones: "prompt.0.content"
     answer_key: Optional[str] = "answer"  # null: the rows have no gold answer (the verifier reads other columns)
     eval_prompt_key: Optional[str] = None  # null: prompt_key
     eval_answer_key: Optional[str] = None  # null: answer_key
     template: str = ck("{prompt}", lambda v: None if "{prompt}" in v else "a format string holding {prompt}")
-    chat_template: bool = False
+    chat_template: bool = False  # the tokenizer's chat template over [{"role": "user", "content": prompt}]
     chat_template_override: Optional[str] = None  # a Jinja chat template in place of the tokenizer's
     system_prompt: Optional[str] = None  # a system message before the user's (chat_template only)
-    max_prompt_chars: Optional[int] = ck(None, OPT_POS)
-    max_prompt_tokens: Optional[int] = ck(None, OPT_POS)
+    max_prompt_chars: Optional[int] = ck(None, OPT_POS)  # longer formatted prompts dropped (SimpleRL-Zoo); null: none
+    max_prompt_tokens: Optional[int] = ck(None, OPT_POS)  # after templating (null: no limit)
     prompt_overflow: str = ck("drop", one_of("drop", "truncate_left"))  # a prompt over max_prompt_tokens
-    generator: Optional[Dict[str, Any]] = None
-    tiny: Optional[Dict[str, Any]] = None
+    generator: Optional[Dict[str, Any]] = None  # a generated source's settings (source=arithmetic)
+    tiny: Optional[Dict[str, Any]] = None  # what scale=tiny merges over this node
 
 
 @dataclass
 class PairDataConfig:
-    source: str = ck("file", registered("core.data.preferences", "PAIR_SOURCES"))
-    path: Optional[str] = None
-    hub_name: Optional[str] = None
-    split: str = "train"
-    eval: str = ck("holdout", one_of("holdout", "train_head", "source"))
-    eval_fraction: float = ck(0.1, between(0, 1, hi_open=True))
-    eval_source: str = ck("hub", registered("core.data.preferences", "PAIR_SOURCES"))
-    eval_path: Optional[str] = None
-    eval_hub_name: Optional[str] = None
-    eval_split: str = "test"
-    max_pairs: Optional[int] = ck(None, OPT_POS)
-    eval_max_pairs: Optional[int] = ck(None, OPT_POS)
-    seed: int = ck(1234, NONNEG)
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
-    margin_key: Optional[str] = None
-    apply_chat_template: bool = True
-    append_eos: bool = False
-    eos_separator: str = ""
-    add_bos: bool = False
-    force_eos: bool = False
-    too_long: str = ck("drop", one_of("drop", "truncate"))
-    bad_rows: str = ck("drop", one_of("drop", "error"))
+    source: str = ck(MISSING, registered("core.data.preferences", "PAIR_SOURCES"))
+    path: Optional[str] = MISSING
+    hub_name: Optional[str] = MISSING
+    split: str = MISSING
+    eval: str = ck(MISSING, one_of("holdout", "train_head", "source"))
+    eval_fraction: float = ck(MISSING, between(0, 1, hi_open=True))
+    eval_source: str = ck(MISSING, registered("core.data.preferences", "PAIR_SOURCES"))
+    eval_path: Optional[str] = MISSING
+    eval_hub_name: Optional[str] = MISSING
+    eval_split: str = MISSING
+    max_pairs: Optional[int] = ck(MISSING, OPT_POS)
+    eval_max_pairs: Optional[int] = ck(MISSING, OPT_POS)
+    seed: int = ck(MISSING, NONNEG)
+    chosen_key: str = MISSING
+    rejected_key: str = MISSING
+    margin_key: Optional[str] = MISSING
+    apply_chat_template: bool = MISSING
+    append_eos: bool = MISSING
+    eos_separator: str = MISSING
+    add_bos: bool = MISSING
+    force_eos: bool = MISSING
+    too_long: str = ck(MISSING, one_of("drop", "truncate"))
+    bad_rows: str = ck(MISSING, one_of("drop", "error"))
     generator: Optional[Dict[str, Any]] = None
     tiny: Optional[Dict[str, Any]] = None
 
@@ -147,14 +147,14 @@ class PairDataConfig:
 
 @dataclass
 class VllmConfig:
-    dtype: str = ck("bfloat16", one_of("bfloat16", "float16", "float32", "auto"))
+    dtype: str = ck("bfloat16", one_of("bfloat16", "float16", "float32", "auto"))  # TRL 1.16 colocate's (docs/vllm.md)
     gpu_memory_utilization: float = ck(0.3, lambda v: None if 0 < v <= 1 else "a fraction in (0, 1]")
     tensor_parallel_size: int = ck(1, POS)
     max_model_len: Optional[int] = ck(None, OPT_POS)
     seed: int = ck(0, NONNEG)  # rank r samples with seed + r // tensor_parallel_size
     enable_prefix_caching: bool = True
-    enable_sleep_mode: bool = False
-    sleep_level: int = ck(2, one_of(1, 2))
+    enable_sleep_mode: bool = False  # free vLLM's GPU memory while the trainer runs (TRL vllm_enable_sleep_mode)
+    sleep_level: int = ck(2, one_of(1, 2))  # 1: weights kept in CPU memory; 2: discarded (TRL's)
     max_num_seqs: Optional[int] = ck(None, OPT_POS)  # null: vLLM's default
     max_num_batched_tokens: Optional[int] = ck(None, OPT_POS)  # null: vLLM's default
 
@@ -175,16 +175,17 @@ class ServerConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = ck("hf", registered("core.rollout", "ROLLOUT_ENGINES"))
-    max_new_tokens: int = ck(16, POS)
-    temperature: float = ck(1.0, above(0))  # greedy rollouts are asked for by name: ``greedy``
-    greedy: bool = False
-    top_p: float = ck(1.0, lambda v: None if 0 < v <= 1 else "a number in (0, 1]")
-    top_k: int = ck(0, at_least(-1))  # 0 or -1 (vLLM's spelling): off
-    generation_batch_size: int = ck(0, NONNEG)  # 0: all at once
-    stop_token_ids: List[int] = field(default_factory=list)  # end a completion, besides the EOS ids
+    engine: str = ck(MISSING, registered("core.rollout", "ROLLOUT_ENGINES"))
+    max_new_tokens: int = ck(MISSING, POS)
+    temperature: float = ck(MISSING, above(0))  # greedy rollouts are asked for by name: ``greedy``
+    greedy: bool = MISSING
+    top_p: float = ck(MISSING, lambda v: None if 0 < v <= 1 else "a number in (0, 1]")
+    top_k: int = ck(MISSING, at_least(-1))  # 0 or -1 (vLLM's spelling): off
+    generation_batch_size: int = ck(0, NONNEG)  # prompts x completions per generate call; 0: all at once
+    stop_token_ids: List[int] = field(default_factory=list)  # end a completion as an EOS does, besides the EOS ids
+    # ZeRO-3, hf engine: the policy gathered whole for generate (TRL ds3_gather_for_generation); false: layer by layer
     gather_for_generation: bool = True
-    generate_ahead: int = ck(0, one_of(0, 1))  # core/rollout/ahead.py: 1 = Open-Instruct PPO's async_mode
+    generate_ahead: int = ck(MISSING, one_of(0, 1))  # core/rollout/ahead.py: 1 = Open-Instruct PPO's async_mode
     vllm: Optional[VllmConfig] = None
     server: Optional[ServerConfig] = None
 
@@ -199,71 +200,71 @@ _WHITEN = registered("core.algorithms.advantage", "WHITENING")
 class AdvantageConfig:
     """Keys every estimator has; each estimator's schema adds its own."""
 
-    name: str = ck("grpo", _ADV)
-    whiten: str = ck("none", _WHITEN)
-    whiten_std: bool = True
+    name: str = ck(MISSING, _ADV)
+    whiten: str = ck(MISSING, _WHITEN)
+    whiten_std: bool = True  # divide by the std when whitening (false: OpenRLHF --no_advantage_std_norm)
     # The token that carries the score (and the critic's target): last | after_last (Open-Instruct PPO).
     score_position: str = ck("last", registered("core.algorithms.advantage", "SCORE_POSITIONS"))
 
 
 @dataclass
 class GrpoAdvantageConfig(AdvantageConfig):
-    std: str = "group"  # choices per estimator: ADVANTAGES meta, checked in validate.py
-    unbiased_std: bool = True
-    eps: float = ck(1e-4, above(0))
+    std: str = MISSING  # choices per estimator: ADVANTAGES meta, checked in validate.py
+    unbiased_std: bool = MISSING
+    eps: float = ck(MISSING, above(0))
 
 
 @dataclass
 class ReinforcePPAdvantageConfig(AdvantageConfig):
-    gamma: float = ck(1.0, between(0, 1))
+    gamma: float = ck(MISSING, between(0, 1))
 
 
 @dataclass
 class CriticConfig:
-    init_from: Optional[str] = None
-    head_seed: int = ck(0, NONNEG)
-    lr: float = ck(1e-4, above(0))
-    coef: float = ck(0.1, NONNEG)
-    clip: Optional[float] = ck(0.2, above(0, optional=True))
+    init_from: Optional[str] = None  # a reward model (Open-Instruct, OpenRLHF); null: the policy weights + a new head
+    head_seed: int = ck(0, NONNEG)  # seed of the new head's N(0, 1/(hidden+1)) init (unused with init_from)
+    lr: float = ck(MISSING, above(0))
+    coef: float = ck(MISSING, NONNEG)
+    clip: Optional[float] = ck(MISSING, above(0, optional=True))
 
 
 @dataclass
 class GaeAdvantageConfig(AdvantageConfig):
-    gamma: float = ck(1.0, between(0, 1))
-    lam: float = ck(0.95, between(0, 1))
+    gamma: float = ck(MISSING, between(0, 1))
+    lam: float = ck(MISSING, between(0, 1))
     critic: CriticConfig = field(default_factory=CriticConfig)
 
 
 @dataclass
 class ISCorrectionConfig:
     mode: str = ck("none", registered("core.algorithms.loss", "IS_CORRECTIONS"))
-    low: Optional[float] = ck(None, at_least(0, optional=True))
-    high: Optional[float] = ck(3.0, above(0, optional=True))
+    low: Optional[float] = ck(None, at_least(0, optional=True))  # lower bound of w (null: 0; OpenRLHF 0.5)
+    high: Optional[float] = ck(3.0, above(0, optional=True))  # upper bound (TRL 3.0, OpenRLHF 5.0)
 
 
 @dataclass
 class LossConfig:
-    name: str = ck("ppo_clip", registered("core.algorithms.loss", "POLICY_LOSSES"))
-    clip_low: float = ck(0.2, between(0, 1, hi_open=True))
-    clip_high: float = ck(0.2, NONNEG)
-    dual_clip: Optional[float] = ck(None, above(1, optional=True))
-    entropy_coef: float = ck(0.0, NONNEG)
-    aggregation: str = ck("token_mean", registered("core.algorithms.loss", "AGGREGATIONS"))
-    is_correction: ISCorrectionConfig = field(default_factory=ISCorrectionConfig)
-    log_ratio_clamp: Optional[float] = ck(None, above(0, optional=True))  # |log pi/pi_old| bound before exp
+    name: str = ck(MISSING, registered("core.algorithms.loss", "POLICY_LOSSES"))
+    clip_low: float = ck(MISSING, between(0, 1, hi_open=True))
+    clip_high: float = ck(MISSING, NONNEG)
+    dual_clip: Optional[float] = ck(None, above(1, optional=True))  # c > 1 (OpenRLHF --dual_clip, veRL 3); null: off
+    entropy_coef: float = ck(0.0, NONNEG)  # entropy bonus (0: off; the entropy is logged either way)
+    aggregation: str = ck(MISSING, registered("core.algorithms.loss", "AGGREGATIONS"))
+    is_correction: ISCorrectionConfig = field(default_factory=ISCorrectionConfig)  # w = exp(logp_old - logp_sampler)
+    log_ratio_clamp: Optional[float] = ck(MISSING, above(0, optional=True))  # |log pi/pi_old| bound before exp
 
 
 @dataclass
 class KLConfig:
-    estimator: str = ck("k3", registered("core.algorithms.loss", "KL_ESTIMATORS"))
-    coef: float = ck(0.04, NONNEG)
-    placement: str = ck("loss", one_of("reward", "loss"))
-    reference: Any = ck("auto", BOOL_OR_AUTO)
+    estimator: str = ck(MISSING, registered("core.algorithms.loss", "KL_ESTIMATORS"))
+    coef: float = ck(MISSING, NONNEG)
+    placement: str = ck(MISSING, one_of("reward", "loss"))
+    reference: Any = ck("auto", BOOL_OR_AUTO)  # build the reference model: auto (iff coef > 0) | true | false
     controller: str = ck("fixed", registered("core.algorithms.kl_control", "KL_CONTROLLERS"))
-    target: Optional[float] = ck(None, above(0, optional=True))
-    horizon: int = ck(10000, POS)
-    clamp: Optional[float] = ck(None, above(0, optional=True))
-    log_ratio_clamp: Optional[float] = ck(None, above(0, optional=True))
+    target: Optional[float] = ck(None, above(0, optional=True))  # adaptive controller (Ziegler et al. 2019): target KL
+    horizon: int = ck(10000, POS)  # ... and horizon in samples (OpenRLHF --kl_target, --kl_horizon 10000)
+    clamp: Optional[float] = ck(MISSING, above(0, optional=True))
+    log_ratio_clamp: Optional[float] = ck(None, above(0, optional=True))  # |log pi/pi_ref| cap (veRL k3 20; null: none)
 
 
 # --- optimisation, sharding -------------------------------------------------------------------------------
@@ -289,10 +290,10 @@ class OptimizerConfig:
 @dataclass
 class SchedulerConfig:
     name: str = ck("constant", registered("core.training.optim", "scheduler_names"))
-    warmup_ratio: float = ck(0.0, between(0, 1))
+    warmup_ratio: float = ck(0.0, between(0, 1))  # of the optimiser steps; wins over warmup_steps when set
     warmup_steps: int = ck(0, NONNEG)
     warmup_override_bug: bool = False  # Open-Instruct release: warmup = int(ratio x steps), warmup_steps ignored
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # more arguments ({min_lr_rate: 0.1}: cosine_with_min_lr)
 
 
 @dataclass
@@ -307,10 +308,10 @@ _DS_DTYPE = one_of(None, "fp16", "bf16", "fp32")  # DeepSpeed's names (runtime/c
 
 @dataclass
 class ZeroConfig:
-    stage: int = ck(0, one_of(0, 1, 2, 3))
-    offload_optimizer: bool = False
-    offload_param: bool = False  # ZeRO-3 only (validate.py)
-    offload_reference: bool = False  # ZeRO-3 only
+    stage: int = ck(MISSING, one_of(0, 1, 2, 3))
+    offload_optimizer: bool = False  # optimiser state in CPU memory
+    offload_param: bool = False  # ZeRO-3 only (validate.py): parameters in CPU memory
+    offload_reference: bool = False  # ZeRO-3 only: the reference shards in CPU memory (OpenRLHF --ref_reward_offload)
     options: Dict[str, Any] = field(default_factory=dict)  # more zero_optimization keys, passed through
     # DeepSpeed keys outside zero_optimization; null: not written, DeepSpeed's default (the model's dtype)
     grad_accum_dtype: Optional[str] = ck(None, _DS_DTYPE)  # written as data_types.grad_accum_dtype
@@ -319,8 +320,8 @@ class ZeroConfig:
 
 @dataclass
 class VerifierConfig:
-    name: str = "math"  # a registered verifier or ``module:function`` (checked by get_verifier)
-    kwargs: Dict[str, Any] = field(default_factory=dict)
+    name: str = MISSING  # a registered verifier or ``module:function`` (checked by get_verifier)
+    kwargs: Dict[str, Any] = MISSING
     text: str = ck("completion", registered("core.rollout.texts", "REWARD_TEXTS"))  # what the verifier reads
     # The greedy evaluation's verifier and its kwargs (null: name with kwargs); a reward > 0 counts as correct, so a
     # sum with format terms names its accuracy term here (Open-R1: math_open_r1).
@@ -334,107 +335,107 @@ class VerifierConfig:
 
 @dataclass
 class ShapingConfig:
-    none_reward: str = ck("mask", registered("core.algorithms.shaping", "NONE_REWARDS"))
-    non_stop_penalty: Optional[float] = None
-    mask_truncated: bool = False
-    overlong_buffer: int = ck(0, NONNEG)
-    overlong_factor: float = ck(1.0, NONNEG)
-    reward_clip: Optional[List[float]] = ck(None, lambda v: None if v is None or (len(v) == 2 and v[0] < v[1])
+    none_reward: str = ck(MISSING, registered("core.algorithms.shaping", "NONE_REWARDS"))
+    non_stop_penalty: Optional[float] = MISSING
+    mask_truncated: bool = MISSING
+    overlong_buffer: int = ck(MISSING, NONNEG)
+    overlong_factor: float = ck(MISSING, NONNEG)
+    reward_clip: Optional[List[float]] = ck(MISSING, lambda v: None if v is None or (len(v) == 2 and v[0] < v[1])
                                             else "[low, high] with low < high, or null")
 
 
 @dataclass
 class WarmStartConfig:
-    steps: int = ck(0, NONNEG)  # 0: none
-    eval_every: int = ck(50, POS)
-    target_accuracy: float = ck(0.2, between(0, 1))
-    holdout: int = ck(100, NONNEG)
-    batch_size: int = ck(32, POS)
-    lr: float = ck(1e-3, above(0))
-    seed: int = ck(0, NONNEG)
-    target: str = ck("\\boxed{{{answer}}}", lambda v: None if "{answer}" in v else "a format string holding {answer}")
+    steps: int = ck(MISSING, NONNEG)  # 0: none
+    eval_every: int = ck(MISSING, POS)
+    target_accuracy: float = ck(MISSING, between(0, 1))
+    holdout: int = ck(MISSING, NONNEG)
+    batch_size: int = ck(MISSING, POS)
+    lr: float = ck(MISSING, above(0))
+    seed: int = ck(MISSING, NONNEG)
+    target: str = ck(MISSING, lambda v: None if "{answer}" in v else "a format string holding {answer}")
 
 
 @dataclass
 class RLTrainConfig:
-    total_steps: Optional[int] = ck(20, OPT_POS)  # null: train.epochs derives it
-    epochs: Optional[int] = ck(None, OPT_POS)  # passes over the training rows (rows // prompts_per_step steps each)
-    prompts_per_step: int = ck(16, POS)
-    group_size: int = ck(8, POS)
-    mini_batch_size: int = ck(128, POS)
-    micro_batch_size: int = ck(32, POS)
-    ppo_epochs: int = ck(1, POS)
-    shuffle_mini_batches: bool = False
-    packing: Any = ck("auto", BOOL_OR_AUTO)
-    logprob_micro_batch_size: int = ck(64, POS)
+    total_steps: Optional[int] = ck(MISSING, OPT_POS)  # null: train.epochs derives it
+    epochs: Optional[int] = ck(MISSING, OPT_POS)  # passes over the training rows (rows // prompts_per_step steps each)
+    prompts_per_step: int = ck(MISSING, POS)
+    group_size: int = ck(MISSING, POS)
+    mini_batch_size: int = ck(MISSING, POS)
+    micro_batch_size: int = ck(MISSING, POS)
+    ppo_epochs: int = ck(MISSING, POS)
+    shuffle_mini_batches: bool = MISSING
+    packing: Any = ck(MISSING, BOOL_OR_AUTO)
+    logprob_micro_batch_size: int = ck(MISSING, POS)
     # Dropout of the policy and critic set to 0 (core.models.loading.for_training); each recipe sets its source's:
     # Open-Instruct disables it, TRL's GRPOConfig.disable_dropout is False (0.18, 1.16), veRL keeps the checkpoint's.
     disable_dropout: bool = False
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
-    eval_every: int = ck(0, NONNEG)
-    eval_prompts: int = ck(0, NONNEG)  # 0: the whole eval split
-    keep_best: bool = False  # save the policy of the best held-out accuracy to best/ (reported beside the last)
-    checkpoint_every: int = ck(0, NONNEG)
+    eval_every: int = ck(MISSING, NONNEG)
+    eval_prompts: int = ck(MISSING, NONNEG)  # 0: the whole eval split
+    keep_best: bool = MISSING  # save the policy of the best held-out accuracy to best/ (reported beside the last)
+    checkpoint_every: int = ck(MISSING, NONNEG)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
 
 @dataclass
 class RMLossConfig:
-    use_margin: bool = False
-    center_coef: Optional[float] = ck(None, at_least(0, optional=True))
+    use_margin: bool = False  # data.margin_key subtracted inside the sigmoid (OpenRLHF --margin_loss, TRL margin)
+    center_coef: Optional[float] = ck(None, at_least(0, optional=True))  # + coef x mean((r_c + r_r)^2) (TRL); null: off
 
 
 @dataclass
 class LoraConfig:
-    rank: int = ck(0, NONNEG)  # 0: full fine-tuning
-    alpha: float = ck(16, above(0))
-    dropout: float = ck(0.0, between(0, 1, hi_open=True))
-    target_modules: Any = "all-linear"
+    rank: int = ck(MISSING, NONNEG)  # 0: full fine-tuning
+    alpha: float = ck(MISSING, above(0))
+    dropout: float = ck(MISSING, between(0, 1, hi_open=True))
+    target_modules: Any = MISSING
 
 
 @dataclass
 class RMTrainConfig:
-    batch_size: int = ck(256, POS)
-    micro_batch_size: int = ck(1, POS)
-    epochs: int = ck(1, POS)
-    max_steps: Optional[int] = ck(None, OPT_POS)
-    max_len: int = ck(2048, POS)
-    padding_side: str = ck("right", one_of("left", "right"))
-    head_init: str = ck("transformers", registered("core.models.reward_model", "HEAD_INITS"))
-    disable_dropout: bool = True
-    packing: bool = False
+    batch_size: int = ck(MISSING, POS)
+    micro_batch_size: int = ck(MISSING, POS)
+    epochs: int = ck(MISSING, POS)
+    max_steps: Optional[int] = ck(MISSING, OPT_POS)
+    max_len: int = ck(MISSING, POS)
+    padding_side: str = ck(MISSING, one_of("left", "right"))
+    head_init: str = ck(MISSING, registered("core.models.reward_model", "HEAD_INITS"))
+    disable_dropout: bool = MISSING
+    packing: bool = MISSING
     loss: RMLossConfig = field(default_factory=RMLossConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
-    eval_batch_size: int = ck(8, POS)
-    eval_before: bool = True
-    eval_every: int = ck(0, NONNEG)
-    checkpoint_every: int = ck(0, NONNEG)
-    tiny: Optional[Dict[str, Any]] = None
+    eval_batch_size: int = ck(MISSING, POS)
+    eval_before: bool = MISSING
+    eval_every: int = ck(MISSING, NONNEG)
+    checkpoint_every: int = ck(MISSING, NONNEG)
+    tiny: Optional[Dict[str, Any]] = MISSING
 
 
 @dataclass
 class WandbConfig:
-    enabled: bool = False
+    enabled: bool = False  # Weights & Biases (the wandb extra): one W&B run per run dir, a resume continues it
     project: str = "rl-recipes"
     entity: Optional[str] = None
     group: Optional[str] = None
-    name: Optional[str] = None
+    name: Optional[str] = None  # null: <recipe>/<run dir name>
     tags: List[str] = field(default_factory=list)
     mode: str = ck("offline", one_of("online", "offline", "disabled"))
 
 
 @dataclass
 class LoggerConfig:
-    tensorboard: bool = True
-    progress: bool = True
-    samples_every: int = ck(10, NONNEG)  # 0: no sample completions logged
-    samples: int = ck(4, NONNEG)
+    tensorboard: bool = MISSING
+    progress: bool = MISSING
+    samples_every: int = ck(MISSING, NONNEG)  # 0: no sample completions logged
+    samples: int = ck(MISSING, NONNEG)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass
 class ScaleConfig:
-    name: str = ck("full", one_of("full", "tiny"))
+    name: str = ck(MISSING, one_of("full", "tiny"))
     prompts_per_step: Optional[int] = ck(None, OPT_POS)
     max_group_size: Optional[int] = ck(None, OPT_POS)
     total_steps: Optional[int] = ck(None, OPT_POS)
@@ -447,11 +448,11 @@ class ScaleConfig:
 class LayoutConfig:
     """GPUs of a run and who uses them (core/config/layout.py checks the combinations)."""
 
-    mode: str = ck("colocate", registered("core.config.layout", "MODES"))
-    nodes: int = ck(1, POS)
-    gpus_per_node: int = ck(1, POS)
-    learner_gpus: int = ck(1, POS)
-    rollout_gpus: int = ck(0, NONNEG)
+    mode: str = ck(MISSING, registered("core.config.layout", "MODES"))
+    nodes: int = ck(MISSING, POS)
+    gpus_per_node: int = ck(MISSING, POS)
+    learner_gpus: int = ck(MISSING, POS)
+    rollout_gpus: int = ck(MISSING, NONNEG)
 
 
 @dataclass
@@ -459,10 +460,10 @@ class HardwareConfig:
     """The GPUs a recipe's source ran on (conf/hardware/), which ``python -m recipes.probe`` checks against: RL learners
     are ``layout.learner_gpus`` of them, the reward-model loop all ``nodes x gpus_per_node``."""
 
-    name: str = "?"  # the GPU model, as the source names it
-    memory_gib: float = ck(80.0, above(0))  # the card's total, as nvidia-smi reports it
-    nodes: int = ck(1, POS)
-    gpus_per_node: int = ck(8, POS)
+    name: str = MISSING  # the GPU model, as the source names it
+    memory_gib: float = ck(MISSING, above(0))  # the card's total, as nvidia-smi reports it
+    nodes: int = ck(MISSING, POS)
+    gpus_per_node: int = ck(MISSING, POS)
 
 
 # group/name under ``schema/`` -> dataclass; a group YAML names one in its defaults list.
@@ -492,5 +493,5 @@ SCHEMAS: dict[str, type] = {
 
 def node(schema: type, values: dict | None = None, **kw) -> DictConfig:
     """One group's config outside a composed run (tests, benches, workers): the schema's defaults with
-    ``values`` and ``kw`` merged over them, typed and checked like a composed one."""
+    ``values`` and ``kw`` merged over them, typed and checked like a composed one (a required field stays ``???``)."""
     return OmegaConf.merge(OmegaConf.structured(schema), values or {}, kw)

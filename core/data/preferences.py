@@ -59,7 +59,7 @@ def hub(cfg) -> list[dict]:
 
 def _eval_rows(cfg, train: list[dict]) -> tuple[list[dict], list[dict]]:
     """(train, eval) per ``data.eval``: a separate source, a seeded held-out slice, or the head of train."""
-    mode, frac = cfg.eval, float(cfg.eval_fraction)
+    mode, frac = cfg.eval, cfg.eval_fraction
     if mode == "source":
         node = dict(cfg)
         node.update({"source": cfg.eval_source, "path": cfg.eval_path, "hub_name": cfg.eval_hub_name,
@@ -70,7 +70,7 @@ def _eval_rows(cfg, train: list[dict]) -> tuple[list[dict], list[dict]]:
         return train, train[:n]
     if mode == "holdout":  # a seeded held-out slice, removed from training
         order = list(range(len(train)))
-        random.Random(int(cfg.seed)).shuffle(order)
+        random.Random(cfg.seed).shuffle(order)
         held = set(order[:n])
         return [r for i, r in enumerate(train) if i not in held], [train[i] for i in sorted(held)]
     raise DataError(f"data.eval={mode!r}; expected source | holdout | train_head")
@@ -104,9 +104,9 @@ def load_pairs(cfg) -> tuple[list[dict], list[dict], dict[str, PairStats]]:
     train = PAIR_SOURCES.get(cfg.source)(cfg)
     train, evals = _eval_rows(cfg, train)
     if cfg.max_pairs:
-        train = train[: int(cfg.max_pairs)]
+        train = train[: cfg.max_pairs]
     if cfg.eval_max_pairs:
-        evals = evals[: int(cfg.eval_max_pairs)]
+        evals = evals[: cfg.eval_max_pairs]
     stats = {}
     train, stats["train"] = check_rows(train, cfg, "train")
     evals, stats["eval"] = check_rows(evals, cfg, "eval")

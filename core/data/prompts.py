@@ -180,7 +180,7 @@ def load_split(cfg, split: str) -> list[dict]:
                                 f"{e.args[0]!r}); columns: {sorted(row)}") from None
         out.append(row)
     if cfg.max_prompt_chars:
-        out = [r for r in out if len(format_prompt(r["prompt"], cfg)) <= int(cfg.max_prompt_chars)]
+        out = [r for r in out if len(format_prompt(r["prompt"], cfg)) <= cfg.max_prompt_chars]
     return out
 
 
@@ -215,8 +215,8 @@ def tokenize_rows(rows: list[dict], cfg, tokenizer) -> tuple[list[dict], list[li
     if not limit:
         return rows, ids
     if cfg.prompt_overflow == "truncate_left":
-        return rows, [p[-int(limit):] for p in ids]
-    kept = [i for i, p in enumerate(ids) if len(p) <= int(limit)]
+        return rows, [p[-limit:] for p in ids]
+    kept = [i for i, p in enumerate(ids) if len(p) <= limit]
     return [rows[i] for i in kept], [ids[i] for i in kept]
 
 

@@ -141,15 +141,15 @@ def _set_problems(cfg) -> list[str]:
 
 
 def _metric_problems(cfg) -> list[str]:
-    e, greedy, errors = cfg.eval, bool(cfg.rollout.greedy), []
-    if greedy and int(e.samples) > 1:
+    e, greedy, errors = cfg.eval, cfg.rollout.greedy, []
+    if greedy and e.samples > 1:
         errors.append(f"eval.samples={e.samples} with rollout.greedy=true: greedy decoding gives one completion "
                       f"per prompt; sample (rollout.greedy=false) or set eval.samples=1")
     if greedy and e.pass_k:
         errors.append(f"eval.pass_k={list(e.pass_k)} with rollout.greedy=true: pass@k needs sampled completions "
                       f"(greedy reports pass@1); set rollout.greedy=false or eval.pass_k=[]")
     for k in e.pass_k:
-        if not 1 <= int(k) <= int(e.samples):
+        if not 1 <= k <= e.samples:
             errors.append(f"eval.pass_k: k={k} with eval.samples={e.samples}; pass@k needs 1 <= k <= n "
                           f"(n completions per problem)")
     return errors
@@ -165,7 +165,7 @@ def _engine_problems(r) -> list[str]:
     if importlib.util.find_spec("vllm") is None:
         errors.append("rollout.engine=vllm but vLLM is not installed here: install the gpu extra on a CUDA machine "
                       "(pip install -e '.[gpu]'), or sample with rollout=hf")
-    if int(r.vllm.tensor_parallel_size) != 1:
+    if r.vllm.tensor_parallel_size != 1:
         errors.append(f"rollout.vllm.tensor_parallel_size={r.vllm.tensor_parallel_size}: recipes.eval runs one "
                       f"process, so one GPU per engine (tensor_parallel_size=1)")
     return errors
@@ -174,7 +174,7 @@ def _engine_problems(r) -> list[str]:
 def resolve_source(cfg) -> Source:
     """The model a checked ``cfg`` evaluates; a run dir gives its recipe and training seed to the rows."""
     if cfg.run_dir is None:
-        return Source(str(cfg.model.name_or_path), str(cfg.model.name_or_path), int(cfg.seed), None)
+        return Source(str(cfg.model.name_or_path), str(cfg.model.name_or_path), cfg.seed, None)
     d = Path(str(cfg.run_dir)).expanduser().resolve()
     saved = yaml.safe_load((d / "config.yaml").read_text()) or {}
     summary = d / "summary.json"

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from omegaconf import MISSING
+
 from core.config.ranges import NONNEG, OPT_POS, POS, ck, one_of, registered
 from core.config.schema import ModelConfig, PathsConfig, PromptDataConfig
 
@@ -53,13 +55,13 @@ class EvalConfig:
 class EvalRunConfig:
     """conf/eval.yaml: the keys outside the groups."""
 
-    seed: int = ck(0, NONNEG)
+    seed: int = ck(MISSING, NONNEG)
     deterministic: bool = False  # torch's deterministic algorithms: as the training config's `deterministic`
-    device: str = "auto"
-    cpu_threads: int = ck(0, NONNEG)
-    preset: str = "?"
-    run_dir: Optional[str] = None
-    run_model: str = ck("model", one_of("model", "best"))  # a run dir's final model/, or best/ (train.keep_best)
+    device: str = MISSING
+    cpu_threads: int = ck(MISSING, NONNEG)
+    preset: str = MISSING
+    run_dir: Optional[str] = MISSING
+    run_model: str = ck(MISSING, one_of("model", "best"))  # a run dir's final model/, or best/ (train.keep_best)
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: PromptDataConfig = field(default_factory=PromptDataConfig)

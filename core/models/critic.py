@@ -31,7 +31,7 @@ def load_critic(policy_path: str, critic_cfg, model_cfg, writable=contextlib.nul
     if not critic_cfg.init_from:
         head = model.score.weight
         with torch.no_grad(), fork_rng(head.device), writable([head]):
-            torch.manual_seed(int(critic_cfg.head_seed))
+            torch.manual_seed(critic_cfg.head_seed)
             head.normal_(0.0, 1.0 / (model.config.hidden_size + 1))
     model.config.pad_token_id = model.config.pad_token_id or 0
     return with_checkpointing(model, model_cfg)

@@ -162,7 +162,7 @@ def model_dir(model_cfg) -> str:
     if not model_cfg.tiny:
         raise ValueError("model.name_or_path is empty and model.tiny is not set: nothing to load")
     tiny = json.loads(json.dumps(model_cfg.tiny, default=lambda node: OmegaConf.to_container(node, resolve=True)))
-    return str(build_tiny_model_dir(model_cfg.arch, tiny, int(model_cfg.init_seed)))
+    return str(build_tiny_model_dir(model_cfg.arch, tiny, model_cfg.init_seed))
 
 
 def model_source_problem(key: str, name_or_path: str | None) -> str | None:

@@ -110,8 +110,8 @@ def apply_lora(model, lora_cfg):
     from peft import LoraConfig, TaskType, get_peft_model
 
     targets = lora_cfg.target_modules
-    config = LoraConfig(task_type=TaskType.SEQ_CLS, r=int(lora_cfg.rank), lora_alpha=int(lora_cfg.alpha),
-                        lora_dropout=float(lora_cfg.dropout), bias="none",
+    config = LoraConfig(task_type=TaskType.SEQ_CLS, r=lora_cfg.rank, lora_alpha=int(lora_cfg.alpha),
+                        lora_dropout=lora_cfg.dropout, bias="none",
                         target_modules=targets if isinstance(targets, str) else list(targets))
     return get_peft_model(model, config)
 
@@ -159,7 +159,7 @@ def bt_loss(r: torch.Tensor, margin: torch.Tensor, loss_cfg) -> tuple[torch.Tens
     diff = rc - rr - (margin if loss_cfg.use_margin else 0.0)
     loss = -F.logsigmoid(diff).mean()
     if loss_cfg.center_coef:
-        loss = loss + float(loss_cfg.center_coef) * ((rc + rr) ** 2).mean()  # Eisenstein et al. 2023
+        loss = loss + loss_cfg.center_coef * ((rc + rr) ** 2).mean()  # Eisenstein et al. 2023
     return loss, pair_metrics(rc.detach(), rr.detach())
 
 

@@ -80,7 +80,7 @@ def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]],
     Seeded by ``ws_cfg.seed``, not the run seed: the warm start is part of the starting policy, so
     a seed sweep measures RL's variance from one fixed start (and builds the start once).
     """
-    hold = int(ws_cfg.holdout)
+    hold = ws_cfg.holdout
     if hold >= len(prompts):
         raise ValueError(f"train.warm_start.holdout={hold} leaves no training rows of {len(prompts)}")
     # thread count, kernel choice and device set the float rounding that the outcome depends on
@@ -94,16 +94,16 @@ def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]],
         eos = [tok.eos_token_id]
         pairs = [(p, tok(ws_cfg.target.format(answer=a), add_special_tokens=False)["input_ids"] + eos)
                  for p, a in zip(prompts[:-hold], answers[:-hold])]
-        torch.manual_seed(int(ws_cfg.seed))
-        rng = random.Random(int(ws_cfg.seed))
-        opt = torch.optim.AdamW(model.parameters(), lr=float(ws_cfg.lr))
+        torch.manual_seed(ws_cfg.seed)
+        rng = random.Random(ws_cfg.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=ws_cfg.lr)
         losses, rounds = [], []
-        while len(losses) < int(ws_cfg.steps):
-            losses += sft_steps(model, opt, pairs, min(int(ws_cfg.eval_every), int(ws_cfg.steps) - len(losses)),
-                                int(ws_cfg.batch_size), rng, tok.pad_token_id)
+        while len(losses) < ws_cfg.steps:
+            losses += sft_steps(model, opt, pairs, min(ws_cfg.eval_every, ws_cfg.steps - len(losses)),
+                                ws_cfg.batch_size, rng, tok.pad_token_id)
             acc = greedy_accuracy(model, tok, prompts[-hold:], answers[-hold:], verifier, max_new_tokens)
             rounds.append({"step": len(losses), "accuracy": acc})
-            if acc >= float(ws_cfg.target_accuracy):
+            if acc >= ws_cfg.target_accuracy:
                 break
         save_from_any_rank(model, out)
         tok.save_pretrained(out)

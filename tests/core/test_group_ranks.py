@@ -9,14 +9,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from core.algorithms.advantage import ADVANTAGES, AdvantageInput, compute_advantages
-from core.config import schema
 from core.training import distributed
+from tests.helpers import group_option
 
 WORLD, R = 2, 6
 # (prompts, group size): 3 x 2 and 3 x 4 put a group on both ranks; 2 x 4 gives each rank one whole group.
 LAYOUTS = [(3, 2), (3, 4), (2, 4)]
-SCHEMAS = {"grpo": schema.GrpoAdvantageConfig, "reinforce_pp": schema.ReinforcePPAdvantageConfig,
-           "gae": schema.GaeAdvantageConfig}
 # Every estimator once, grpo in each std scope; group statistics with excluded (NaN) scores where an
 # estimator takes them; global whitening, a cross-rank reduction of its own, where OpenRLHF uses it.
 VARIANTS = [("grpo", {}, False), ("grpo", {"std": "batch"}, True), ("grpo", {"std": "none", "unbiased_std": False},
@@ -42,7 +40,8 @@ def _input(nan: bool, P: int, G: int) -> AdvantageInput:
 
 
 def _cfg(name: str, kw: dict):
-    return schema.node(SCHEMAS.get(name, schema.AdvantageConfig), {"name": name, **kw})
+    """The estimator's option (conf/advantage/<name>.yaml) with ``kw`` over it."""
+    return group_option(f"advantage/{name}", kw)
 
 
 def _rows(inp: AdvantageInput, sl: slice) -> AdvantageInput:

@@ -18,7 +18,7 @@ from core.config.pipeline import prepare
 from core.config.validate import ConfigError
 
 LOSS = schema.node(schema.LossConfig, {"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28, "dual_clip": None,
-                         "entropy_coef": 0.0, "aggregation": "token_mean",
+                         "entropy_coef": 0.0, "aggregation": "token_mean", "log_ratio_clamp": None,
                          "is_correction": {"mode": "none", "low": None, "high": 3.0}})
 KL = schema.node(schema.KLConfig, {"estimator": "k3", "coef": 0.1, "placement": "loss", "clamp": None,
                                    "log_ratio_clamp": None})
@@ -232,7 +232,7 @@ def test_gspo_denominators_differ_by_rows_over_non_empty_rows():
     mask[2] = 0  # e.g. a truncated completion under mask_truncated
     inp = LossInput(logp, old, adv, mask)
     ctx = AggContext(num_micro_batches=1)
-    gspo = schema.node(schema.LossConfig, name="gspo", clip_low=3e-4, clip_high=4e-4)
+    gspo = schema.node(schema.LossConfig, name="gspo", clip_low=3e-4, clip_high=4e-4, log_ratio_clamp=None)
     counted, _ = compute_policy_loss(inp, OmegaConf.merge(gspo, {"aggregation": "seq_mean_token_mean"}), KL, ctx)
     skipped, _ = compute_policy_loss(inp, OmegaConf.merge(gspo, {"aggregation": "seq_mean_token_mean_nonempty"}),
                                      KL, ctx)

@@ -17,7 +17,7 @@ def _engine(lr: float, warmup: int = 4):
     optim = schema.node(schema.OptimConfig, {"optimizer": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8,
                                                            "weight_decay": 0.0},
                                              "scheduler": {"name": "linear", "warmup_steps": warmup}})
-    backend = Backend(schema.node(schema.ZeroConfig), torch.device("cpu"), torch.float32)
+    backend = Backend(schema.node(schema.ZeroConfig, stage=0), torch.device("cpu"), torch.float32)
     return backend.train_engine(model, optim, 10, 1, 1), optim
 
 

@@ -30,7 +30,8 @@ def test_soft_overlong_penalty_hand_computed():
 def test_mask_truncated_and_shape_order():
     mask = torch.ones(2, 3, dtype=torch.long)
     stopped = torch.tensor([True, False])
-    cfg = schema.node(schema.ShapingConfig, {"non_stop_penalty": -1.0, "mask_truncated": True, "overlong_buffer": 0})
+    cfg = schema.node(schema.ShapingConfig, {"none_reward": "mask", "non_stop_penalty": -1.0, "mask_truncated": True,
+                                              "overlong_buffer": 0, "overlong_factor": 1.0, "reward_clip": None})
     scores, m = shaping.shape(torch.tensor([1.0, 1.0]), torch.tensor([True, True]), mask, stopped, 3, cfg)
     torch.testing.assert_close(scores, torch.tensor([1.0, -1.0]))
     assert m.tolist() == [[1, 1, 1], [0, 0, 0]]
@@ -110,8 +111,9 @@ def test_penalties_edit_scored_samples_only():
     stopped = torch.tensor([False, False, True])
     valid = torch.tensor([True, False, False])
     for policy, unscored in (("zero", 0.0), ("exclude", float("nan"))):
-        cfg = schema.node(schema.ShapingConfig, {"none_reward": policy, "non_stop_penalty": -10.0, "overlong_buffer": 2,
-                                "overlong_factor": 1.0})
+        cfg = schema.node(schema.ShapingConfig, {"none_reward": policy, "non_stop_penalty": -10.0,
+                                                  "mask_truncated": False, "overlong_buffer": 2, "overlong_factor": 1.0,
+                                                  "reward_clip": None})
         s, _ = shaping.shape(torch.tensor([1.0, 1.0, 1.0]), valid, mask, stopped, 4, cfg)
         assert s[0] == -10.0  # scored and did not stop: replaced by the penalty
         torch.testing.assert_close(s[1:], torch.full((2,), unscored), equal_nan=True)
