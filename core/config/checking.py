@@ -36,6 +36,10 @@ def _walk(node, schema: type | None, prefix: str, errors: list[str]) -> None:
                 f"valid keys here: {', '.join(fields)}"
             errors.append(f"{path}: unknown key ({schema.__name__}); {hint}")
             continue
+        if OmegaConf.is_missing(node, key):  # a required field (its group's YAML is its home) left as ???
+            errors.append(f"{path}: required and not set (???); every option of its group sets it, or give "
+                          f"{path}=VALUE")
+            continue
         value = node._get_node(key)
         if isinstance(value, DictConfig):
             sub = OmegaConf.get_type(value)

@@ -31,6 +31,7 @@ RL_CASES = [
     (["rollout.top_k=-2"], "rollout.top_k=-2: expected a number >= -1"),
     (["rollout.max_new_tokens=0"], "rollout.max_new_tokens=0: expected a number >= 1"),
     (["rollout.generate_ahead=2"], "rollout.generate_ahead=2: expected one of [0, 1]"),
+    (["rollout.temperature=???"], "rollout.temperature: required and not set (???)"),  # its YAML is its home
     (["kl.coef=-1"], "kl.coef=-1.0: expected a number >= 0"),
     (["train.checkpoint_every=-1"], "train.checkpoint_every=-1: expected a number >= 0"),
     (["train.warm_start.target_accuracy=1.5"], "train.warm_start.target_accuracy=1.5: expected a number in [0, 1]"),
