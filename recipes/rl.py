@@ -135,7 +135,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     backend = Backend(cfg.zero, device, check_precision(cfg.model.dtype, device))
     rank, _ = distributed.init(device)
-    seed_everything(int(cfg.seed), bool(cfg.deterministic))
+    seed_everything(cfg.seed, cfg.deterministic)
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
     plan = prepared.plan.for_rows(len(train_rows))  # a step's prompts fit in the data: before any model
     path = model_dir(cfg.model)
@@ -153,7 +153,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
               engine=policy, critic=critic, ref=ref, rollout=rollout, gen=GenerationAhead(rollout),
               writer=_setup_logging(cfg, run_dir), kl_ctl=KLController(cfg.kl))
     if rank:  # each rank samples its own completions; rank 0 keeps the single-process stream
-        seed_everything(int(cfg.seed) + 1_000_003 * rank, bool(cfg.deterministic))
+        seed_everything(cfg.seed + 1_000_003 * rank, cfg.deterministic)
     _resume(run, prior)
     return run
 
@@ -162,7 +162,7 @@ def _setup_data(cfg, tokenizer, train_rows: list[dict], eval_rows: list[dict]) -
     """The rows tokenized (``data.max_prompt_tokens`` drops longer prompts) and the training prompts' sampler."""
     train_rows, train_ids = D.tokenize_rows(train_rows, cfg.data, tokenizer)
     eval_rows, eval_ids = D.tokenize_rows(eval_rows, cfg.data, tokenizer)
-    sampler = D.PromptSampler(len(train_rows), int(cfg.train.prompts_per_step), int(cfg.seed))
+    sampler = D.PromptSampler(len(train_rows), cfg.train.prompts_per_step, cfg.seed)
     return Data(train_rows, train_ids, eval_rows, eval_ids, sampler)
 
 
@@ -181,18 +181,18 @@ def _setup_run_dir(cfg, plan: RLPlan, run_dir: str | None) -> tuple[Path, PriorR
 
 def _warm_start(cfg, path: str, data: Data, verifier: VerifierFn, device: torch.device) -> str:
     """The policy's checkpoint: ``path``, or after ``train.warm_start.steps`` of supervised steps on it."""
-    if int(cfg.train.warm_start.steps) == 0:
+    if cfg.train.warm_start.steps == 0:
         return path
     answers = [r["answer"] for r in data.train_rows]
     return str(warm_started_dir(path, cfg.model, cfg.train.warm_start, data.train_ids, answers, device, verifier,
-                                int(cfg.rollout.max_new_tokens)))
+                                cfg.rollout.max_new_tokens))
 
 
 def _setup_models(cfg, plan: RLPlan, backend: Backend, path: str):
     """``(policy engine, critic engine or None, reference weights or None)``: every model loaded by the backend, the
     trained ones in their optimiser engines, the schedule over the run's optimiser steps."""
     policy, ref, critic = load_models(cfg, path, backend)
-    updates, micro = plan.total_optimizer_steps, int(cfg.train.micro_batch_size)
+    updates, micro = plan.total_optimizer_steps, cfg.train.micro_batch_size
     policy = backend.train_engine(policy, cfg.optim, updates, plan.grad_accum, micro)
     if critic is not None:
         critic = backend.train_engine(critic, _critic_optim(cfg), updates, plan.grad_accum, micro)
@@ -218,14 +218,14 @@ def load_models(cfg, path: str, backend: Backend):
 
 def _critic_optim(cfg) -> FrozenConfig:
     """The policy's optimiser settings with the critic's own learning rate (``advantage.critic.lr``)."""
-    lr = float(cfg.advantage.critic.lr)
+    lr = cfg.advantage.critic.lr
     return FrozenConfig({**cfg.optim, "optimizer": FrozenConfig({**cfg.optim.optimizer, "lr": lr})})
 
 
 def _setup_logging(cfg, run_dir: Path) -> MetricsWriter:
     """``metrics.jsonl`` and ``samples.jsonl`` in the run dir, mirrored to TensorBoard and W&B as ``logger`` says;
     rank 0 writes."""
-    return MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main(),
+    return MetricsWriter(run_dir, tensorboard=cfg.logger.tensorboard, enabled=distributed.is_main(),
                          wandb=cfg.logger.wandb, config=cfg)
 
 
@@ -261,13 +261,13 @@ def train(run: Run) -> None:
     while run.step < total:
         metrics = rl_step(run)
         run.step += 1
-        if int(t.eval_every) and run.step % int(t.eval_every) == 0 and run.step < total:
+        if t.eval_every and run.step % t.eval_every == 0 and run.step < total:
             metrics["eval/accuracy"] = keep_best(run, evaluate(run))
         run.writer.log(run.step, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}",
                         kl=f"{metrics.get('kl', 0.0):.4f}")
         bar.update()
-        if int(t.checkpoint_every) and run.step % int(t.checkpoint_every) == 0:
+        if t.checkpoint_every and run.step % t.checkpoint_every == 0:
             save_training_state(run.run_dir / "checkpoint", run,
                                 {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
                                  "kl_beta": run.kl_ctl.beta, "metrics_rows": run.writer.rows,
@@ -281,7 +281,7 @@ def train(run: Run) -> None:
 def rl_step(run: Run) -> dict:
     """One RL step: sample, score and shape, rollout-phase forwards, advantages, updates."""
     reset_peak_memory()  # memory/peak_mb is this step's
-    cfg, G, timer = run.cfg, int(run.cfg.train.group_size), PhaseTimer()
+    cfg, G, timer = run.cfg, run.cfg.train.group_size, PhaseTimer()
     sampling = Sampling.from_cfg(cfg.rollout)
     # Which prompts this step trains and which it starts (core/rollout/ahead.py): the batch generated one step ahead,
     # else this step's prompts, drawn and generated now; with rollout.generate_ahead, the next step's prompts start
@@ -299,7 +299,7 @@ def rl_step(run: Run) -> dict:
     stopped = roll.stopped  # [N]
     log_samples(run, rows, texts, raw, valid, roll.finish_reason)
     # None rewards per train.shaping.none_reward, then the score-level shaping
-    scores, mask = shaping.shape(raw, valid, roll.response_mask, stopped, int(cfg.rollout.max_new_tokens),
+    scores, mask = shaping.shape(raw, valid, roll.response_mask, stopped, cfg.rollout.max_new_tokens,
                                  cfg.train.shaping)  # [N], [N, R]
     with timer.phase("logprobs"):
         fw = rollout_forwards(run, roll)
@@ -332,7 +332,7 @@ def draw_prompts(run: Run) -> tuple[list[int], list[list[int]]]:
     """The next RL step's rows for this rank: their prompt indices and token ids, one per completion. The step's
     rows are group-major (G per prompt) and each rank takes its contiguous slice, so a group may span ranks (TRL's
     ``process_slice``; the group statistics gather them: core/algorithms/advantage.py)."""
-    G = int(run.cfg.train.group_size)
+    G = run.cfg.train.group_size
     step_rows = [i for i in run.data.sampler.next() for _ in range(G)]
     idx = step_rows[distributed.own_rows(len(step_rows))]
     return idx, [run.data.train_ids[i] for i in idx]
@@ -343,7 +343,7 @@ def evaluate(run: Run) -> float:
     """Greedy accuracy on the held-out prompts (``train.eval_prompts`` of them; 0 = all), each rank
     scoring its share; correct and scored counts are summed over ranks."""
     data, world = run.data, distributed.world()
-    n = int(run.cfg.train.eval_prompts) or len(data.eval_rows)
+    n = run.cfg.train.eval_prompts or len(data.eval_rows)
     share = slice(distributed.rank(), n, world)
     rows, ids = data.eval_rows[:n][share], data.eval_ids[:n][share]
     counts = torch.zeros(2, dtype=torch.float64)  # [correct, scored]
@@ -382,7 +382,7 @@ def save(run: Run) -> float:
     if not distributed.is_main():
         return h["eval_after"] if not math.isnan(h["eval_after"]) else 0.0
     row = {
-        "recipe": cfg.recipe_name, "run_dir": str(run.run_dir), "seed": int(cfg.seed), "steps": run.step,
+        "recipe": cfg.recipe_name, "run_dir": str(run.run_dir), "seed": cfg.seed, "steps": run.step,
         "scale": cfg.scale.name, "eval_before": h["eval_before"], "eval_after": h["eval_after"],
         "train_seconds": round(h["train_seconds"], 2), "overrides": command_line_overrides(),
         **({"best_step": h["best"]["step"], "eval_best": h["best"]["accuracy"]} if "best" in h else {}),

@@ -30,11 +30,11 @@ def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = Fal
 def log_samples(run: Run, rows: list[dict], texts: list[str], raw, valid, finish: list[str]) -> None:
     """Every ``logger.samples_every`` steps, ``logger.samples`` of this rank's completions, one per prompt
     group, with prompt, reward and finish reason (``samples.jsonl``, TensorBoard text)."""
-    every, step = int(run.cfg.logger.samples_every), run.step + 1  # the step these rows will be logged as
+    every, step = run.cfg.logger.samples_every, run.step + 1  # the step these rows will be logged as
     if not every or step % every:
         return
-    G = int(run.cfg.train.group_size)
-    picks = range(0, len(rows), G)[:int(run.cfg.logger.samples)]
+    G = run.cfg.train.group_size
+    picks = range(0, len(rows), G)[:run.cfg.logger.samples]
     run.writer.samples(step, [{"prompt": rows[i]["prompt"], "completion": texts[i], "answer": rows[i].get("answer"),
                                "reward": raw[i].item() if valid[i] else None, "finish": finish[i]} for i in picks])
 

@@ -36,8 +36,8 @@ def rollout_forwards(run: Run, roll: RolloutBatch) -> Forwards:
     correction, or KL in the reward. Otherwise the policy has not moved at the first (only) step, so
     ``old = current.detach()`` exactly, as TRL does. Reference and critic forwards when those exist.
     All chunked by ``train.logprob_micro_batch_size`` (the sources' forward micro-batch knob)."""
-    cfg, mb = run.cfg, int(run.cfg.train.logprob_micro_batch_size)
-    temp = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)  # greedy: T = 1 log-probs
+    cfg, mb = run.cfg, run.cfg.train.logprob_micro_batch_size
+    temp = 1.0 if cfg.rollout.greedy else cfg.rollout.temperature  # greedy: T = 1 log-probs
     args = (roll.input_ids, roll.attention_mask, roll.prompt_length)
     is_mode = cfg.loss.is_correction.mode
     need_old = (run.plan.optimizer_steps_per_rl_step > 1 or is_mode != "none"
@@ -67,14 +67,14 @@ def update(run: Run, roll: RolloutBatch, mask, adv, ret, fw: Forwards) -> dict:
     micro-batch metrics add up on the device (float64, as the floats did) and reach the host once, at the end."""
     t = run.cfg.train
     mini = run.plan.mini_batch_per_rank  # this rank's rows of one optimiser step
-    micro, accum = int(t.micro_batch_size), run.plan.grad_accum
+    micro, accum = t.micro_batch_size, run.plan.grad_accum
     N, sums, steps = roll.input_ids.shape[0], {}, 0
-    for epoch in range(int(t.ppo_epochs)):
+    for epoch in range(t.ppo_epochs):
         order = epoch_order(run, N, epoch)  # [N] rows in the order this epoch visits them
         for m0 in range(0, N, mini):
             tokens = distributed.all_sum(mask[order[m0:m0 + mini]].sum().double())  # the step's, all ranks
             agg = AggContext(num_micro_batches=accum, step_tokens=float(tokens),
-                             world_size=run.plan.world_size, max_tokens=int(run.cfg.rollout.max_new_tokens))
+                             world_size=run.plan.world_size, max_tokens=run.cfg.rollout.max_new_tokens)
             for u0 in range(m0, m0 + mini, micro):
                 m = micro_step(run, roll, order[u0:u0 + micro], mask, adv, ret, fw, agg)
                 for k, v in m.items():
@@ -92,7 +92,7 @@ def epoch_order(run: Run, n: int, epoch: int) -> torch.Tensor:
     learner permutes its local samples, as Open-Instruct does)."""
     if not run.cfg.train.shuffle_mini_batches:
         return torch.arange(n, device=run.device)  # [n]
-    seed = int(run.cfg.seed) * 1_000_003 + run.step * 1_009 + epoch + 7_919 * distributed.rank()
+    seed = run.cfg.seed * 1_000_003 + run.step * 1_009 + epoch + 7_919 * distributed.rank()
     gen = torch.Generator().manual_seed(seed)
     return torch.randperm(n, generator=gen).to(run.device)  # [n]
 
@@ -101,7 +101,7 @@ def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, f
     """Forward, loss and backward of one micro-batch (rows ``sl``) for the policy and, if present, the
     critic. Its metrics are detached tensors on the device (no host sync per micro-batch)."""
     cfg, engine = run.cfg, run.engine
-    temp = 1.0 if cfg.rollout.greedy else float(cfg.rollout.temperature)  # greedy: T = 1 log-probs
+    temp = 1.0 if cfg.rollout.greedy else cfg.rollout.temperature  # greedy: T = 1 log-probs
     ids, am, P = roll.input_ids[sl], roll.attention_mask[sl], roll.prompt_length
     lp, ent = engine.forward(response_logprobs, ids, am, P, temp, with_entropy=True,
                              entropy_grad=bool(cfg.loss.entropy_coef), packing=cfg.train.packing)
@@ -115,7 +115,7 @@ def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, f
         v = run.critic.forward(token_values, ids, am, P, cfg.train.packing)  # [n, R]
         vmask = value_mask(mask[sl], cfg.advantage)  # [n, R] where the returns live
         per_token = value_loss(v, fw.values[sl], ret[sl], c.clip)  # [n, R]
-        vloss = float(c.coef) * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, vmask, agg)
+        vloss = c.coef * AGGREGATIONS.get(cfg.loss.aggregation)(per_token, vmask, agg)
         run.critic.backward(vloss)
         metrics["value/loss"] = vloss.detach().double() * agg.num_micro_batches
         metrics["value/mean"] = masked_mean(v.detach(), vmask)

@@ -97,10 +97,10 @@ def setup(cfg) -> Run:
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     backend = Backend(cfg.zero, device, check_precision(cfg.model.dtype, device))
     distributed.init(device)
-    seed_everything(int(cfg.seed), bool(cfg.deterministic))
+    seed_everything(cfg.seed, cfg.deterministic)
     train_rows, eval_rows, stats = PD.load_pairs(cfg.data)  # text checks: before any model
     prepared.plan.for_rows(len(train_rows))  # the pairs make a step before the length filters: before any model
-    if int(cfg.train.lora.rank) > 0:
+    if cfg.train.lora.rank > 0:
         RM.check_lora_targets(cfg.train.lora, RM.model_skeleton(cfg.model))  # meta device, no weights
     run_dir, prior = _setup_run_dir(cfg, prepared.plan)
     path = model_dir(cfg.model)
@@ -129,10 +129,10 @@ def _setup_run_dir(cfg, plan: RMPlan) -> tuple[Path, PriorRun]:
 
 def _setup_data(cfg, tokenizer, train_rows: list[dict], eval_rows: list[dict], stats: dict) -> Data:
     """The pairs tokenized and cut or dropped at ``train.max_len`` (counted in ``stats``), and the pair sampler."""
-    max_len = int(cfg.train.max_len)
+    max_len = cfg.train.max_len
     train_pairs = PD.tokenize_pairs(train_rows, tokenizer, cfg.data, max_len, stats["train"])
     eval_pairs = PD.tokenize_pairs(eval_rows, tokenizer, cfg.data, max_len, stats["eval"])
-    sampler = PromptSampler(len(train_pairs), int(cfg.train.batch_size), int(cfg.seed))
+    sampler = PromptSampler(len(train_pairs), cfg.train.batch_size, cfg.seed)
     return Data(train_pairs, eval_pairs, stats, sampler)
 
 
@@ -140,7 +140,7 @@ def _setup_model(cfg, plan: RMPlan, backend: Backend, path: str, tokenizer) -> T
     """The reward model, built where the backend places it (ZeRO-3: partitioned as it loads), in its engine."""
     with backend.placed():
         model = build_model(path, cfg, tokenizer, backend.writable)
-    return backend.train_engine(model, cfg.optim, plan.total_steps, plan.grad_accum, int(cfg.train.micro_batch_size))
+    return backend.train_engine(model, cfg.optim, plan.total_steps, plan.grad_accum, cfg.train.micro_batch_size)
 
 
 def build_model(path: str, cfg, tokenizer, writable=contextlib.nullcontext):
@@ -149,14 +149,14 @@ def build_model(path: str, cfg, tokenizer, writable=contextlib.nullcontext):
     fresh head is initialised (:meth:`core.training.backend.Backend.writable`); whole models need none."""
     model = RM.load_reward_model(path, cfg.model, cfg.train.head_init, tokenizer.pad_token_id, writable)
     model = for_training(model, cfg.train.disable_dropout)  # before LoRA, which keeps its own lora.dropout
-    if int(cfg.train.lora.rank) > 0:
+    if cfg.train.lora.rank > 0:
         model = RM.apply_lora(model, cfg.train.lora)
     return model
 
 
 def _setup_logging(cfg, run_dir: Path) -> MetricsWriter:
     """``metrics.jsonl`` in the run dir, mirrored to TensorBoard and W&B as ``logger`` says; rank 0 writes."""
-    return MetricsWriter(run_dir, tensorboard=bool(cfg.logger.tensorboard), enabled=distributed.is_main(),
+    return MetricsWriter(run_dir, tensorboard=cfg.logger.tensorboard, enabled=distributed.is_main(),
                          wandb=cfg.logger.wandb, config=cfg)
 
 
@@ -190,12 +190,12 @@ def train(run: Run) -> None:
     while run.step < total:
         metrics = rm_step(run)
         run.step += 1
-        if int(t.eval_every) and run.step % int(t.eval_every) == 0 and run.step < total:
+        if t.eval_every and run.step % t.eval_every == 0 and run.step < total:
             metrics.update(evaluate(run))
         run.writer.log(run.step, metrics)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}")
         bar.update()
-        if int(t.checkpoint_every) and run.step % int(t.checkpoint_every) == 0:
+        if t.checkpoint_every and run.step % t.checkpoint_every == 0:
             save_training_state(run.run_dir / "checkpoint", run.engine,
                                 {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
                                  "metrics_rows": run.writer.rows})
@@ -220,7 +220,7 @@ def rm_step(run: Run) -> dict:
     reset_peak_memory()  # memory/peak_mb is this step's
     t, engine, timer = run.cfg.train, run.engine, PhaseTimer()
     idx = run.data.sampler.next()[distributed.rank()::run.plan.world_size]
-    micro, accum = int(t.micro_batch_size), run.plan.grad_accum
+    micro, accum = t.micro_batch_size, run.plan.grad_accum
     sums = {}
     with timer.phase("update"):
         for u0 in range(0, len(idx), micro):
@@ -243,7 +243,7 @@ def evaluate(run: Run, keep_rewards: bool = False) -> dict:
     if not pairs:
         return {}
     t, rc, rr, margins, model = run.cfg.train, [], [], [], run.engine.module
-    bs = int(t.eval_batch_size)
+    bs = t.eval_batch_size
     model.eval()
     for i in range(0, len(pairs), bs):
         batch = make_batch(run, pairs[i:i + bs])
@@ -272,7 +272,7 @@ def save(run: Run) -> float:
     if not distributed.is_main():
         return float(after.get("eval/accuracy") or 0.0)
     row = {
-        "recipe": cfg.recipe_name, "loop": "rm", "run_dir": str(run.run_dir), "seed": int(cfg.seed),
+        "recipe": cfg.recipe_name, "loop": "rm", "run_dir": str(run.run_dir), "seed": cfg.seed,
         "steps": run.step, "scale": cfg.scale.name, "eval_before": before.get("eval/accuracy"),
         "eval_after": after.get("eval/accuracy"), "eval_pairs": len(data.eval_pairs),
         "train_pairs": len(data.train_pairs), "reward_mean": after.get("eval/reward_mean"),

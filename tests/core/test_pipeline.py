@@ -39,13 +39,7 @@ def test_every_recipe_prepares_for_every_entry_point(recipe, scale):
     from recipes.explain import explanation
 
     overrides = [f"recipe={recipe}", f"scale={scale}"]
-    try:
-        p = prepare(overrides, launched=True, packages=False) if scale == "full" else prepare(overrides)
-    except KeyError as e:
-        if "unknown scale shrinker 'rm'" not in str(e):
-            raise
-        pytest.skip("the rm scale shrinker registers only when core.models.reward_model is imported; the registry "
-                    "branch of issue 26 moves it into core/config/scale.py")
+    p = prepare(overrides, launched=True, packages=False) if scale == "full" else prepare(overrides)
     plan, lay = p.plan, p.config.layout
     assert isinstance(plan, {"rl": RLPlan, "rm": RMPlan}[p.config.loop]) and OmegaConf.is_readonly(p.config)
     assert plan.world_size == plan.layout.learner_gpus == lay.learner_gpus and plan.models[0].trainable
