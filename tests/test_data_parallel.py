@@ -208,8 +208,8 @@ def test_every_rank_generates_as_many_eval_prompts_when_generate_is_collective(m
     from contextlib import nullcontext
     from types import SimpleNamespace
 
-    from core.config import schema
     from recipes import rl
+    from tests.helpers import group_option
     from core.training import distributed
 
     monkeypatch.setattr(distributed, "world", lambda: 2)
@@ -220,8 +220,8 @@ def test_every_rank_generates_as_many_eval_prompts_when_generate_is_collective(m
                         or (torch.ones(len(rows)), torch.ones(len(rows), dtype=torch.bool), None))
     rollout = _ChunkedCollective()
     data = SimpleNamespace(eval_rows=[{"i": i} for i in range(3)], eval_ids=[[10], [11], [12]])
-    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(eval_prompts=0), rollout=schema.node(
-        schema.RolloutConfig)), data=data, step=0,
+    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(eval_prompts=0), rollout=group_option("rollout/hf")),
+                          data=data, step=0,
         gen=SimpleNamespace(push=lambda *a: None), engine=SimpleNamespace(gathered=lambda on: nullcontext()),
         rollout=rollout)
     assert rl.evaluate(run) == 1.0
