@@ -6,3 +6,24 @@ from __future__ import annotations
 
 class InputError(ValueError):
     """Bad input: the message says what, where and what was expected."""
+
+
+def tool_main(entry, argv: list[str], usage: str) -> None:
+    """Run ``entry(argv)`` for a ``python -m`` tool that takes Hydra overrides (``recipes.explain``,
+    ``recipes.probe``, ``core.launch``): ``-h``/``--help`` prints ``usage`` (the tool's docstring); an
+    :class:`InputError`, or an override Hydra cannot parse or compose, prints its message and exits 1, with no
+    traceback, as ``python -m recipes.run`` does. Every other error keeps its traceback."""
+    import sys
+
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    if {"-h", "--help"} & set(argv):
+        print(usage.strip())
+        return
+    try:
+        entry(argv)
+    except InputError as e:
+        sys.exit(f"{type(e).__name__}: {e}")
+    except (ConfigCompositionException, OverrideParseException) as e:
+        cause = f"\n{e.__cause__}" if e.__cause__ is not None else ""
+        sys.exit(f"{e}{cause}")

@@ -175,11 +175,10 @@ def launch_values(prepared, run_dir: str) -> dict[str, object]:
 
 def main(argv: list[str]) -> None:
     """``python -m core.launch [overrides]``: :func:`sbatch_values` as ``KEY=value`` lines a shell can ``eval``."""
-    try:
-        values = sbatch_values(argv)
-    except InputError as e:
-        sys.exit(f"{type(e).__name__}: {e}")
-    print("\n".join(f"{key}={shlex.quote(str(value))}" for key, value in values.items()))
+    from core.errors import tool_main
+
+    tool_main(lambda a: print("\n".join(f"{k}={shlex.quote(str(v))}" for k, v in sbatch_values(a).items())), argv,
+              __doc__)
 
 
 if __name__ == "__main__":

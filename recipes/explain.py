@@ -121,12 +121,9 @@ def _train_rows(cfg) -> tuple[int | None, str]:
 
 
 def main(argv: list[str]) -> None:
-    from core.errors import InputError
+    from core.errors import tool_main
 
-    try:
-        print("\n".join(explain(argv)))
-    except InputError as e:
-        sys.exit(f"{type(e).__name__}: {e}")
+    tool_main(lambda a: print("\n".join(explain(a))), argv, __doc__)
 
 
 if __name__ == "__main__":

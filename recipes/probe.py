@@ -32,7 +32,7 @@ from unittest import mock
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from core.errors import InputError
+from core.errors import InputError, tool_main
 from core.registry import Registry
 
 GiB = 2 ** 30
@@ -445,13 +445,14 @@ def _gib(b: int) -> str:
 
 
 def main(argv: list[str]) -> None:
-    as_json = "--json" in argv
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout on import; stdout is the report's
-            report = probe([a for a in argv if a != "--json"])
-    except InputError as e:
-        sys.exit(f"{type(e).__name__}: {e}")
-    print(json.dumps(report, indent=1) if as_json else "\n".join(table(report)))
+    tool_main(_report, argv, __doc__)
+
+
+def _report(argv: list[str]) -> None:
+    """The probe's table (``--json``: the report as JSON) on stdout."""
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed logs to stdout on import; stdout is the report's
+        report = probe([a for a in argv if a != "--json"])
+    print(json.dumps(report, indent=1) if "--json" in argv else "\n".join(table(report)))
 
 
 if __name__ == "__main__":

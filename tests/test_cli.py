@@ -289,3 +289,20 @@ def test_a_misspelt_key_is_refused_with_the_nearest_names(tmp_path):
     proc = run_cli(tmp_path, "+train.total_step=3", "seed=1")
     assert proc.returncode == 1 and "did you mean train.total_steps" in proc.stderr
     assert not (tmp_path / "run" / "model").exists()
+
+
+TOOLS = ("recipes.explain", "recipes.probe", "core.launch")  # the python -m tools that take Hydra overrides
+
+
+@pytest.mark.parametrize("module", TOOLS)
+def test_tools_print_their_usage_on_help_and_a_bad_override_briefly(module, capsys):
+    """``--help`` prints the tool's docstring (no override parse error); an override Hydra cannot parse exits 1 with
+    Hydra's message and no traceback (issue 27)."""
+    import importlib
+
+    tool = importlib.import_module(module)
+    tool.main(["--help"])
+    assert capsys.readouterr().out.strip() == tool.__doc__.strip()
+    with pytest.raises(SystemExit) as exit_:
+        tool.main(["bad=="])
+    assert "override" in str(exit_.value.code) and "Traceback" not in str(exit_.value.code)
