@@ -68,4 +68,4 @@ compare: $(STAMP) ## Print the results table of finished runs as markdown
 	$(BIN)/python -m recipes.compare
 
 clean: ## Remove run outputs and the model cache (keeps .venv)
-	rm -rf results/runs results/*.jsonl .cache
+	rm -rf results/runs results/evals results/*.jsonl results/*.lock .cache
