@@ -287,7 +287,7 @@ def _rl_run(cfg, plan):
 
     backend = Backend(node(ZeroConfig, stage=0), torch.device("cpu"), DTYPES[cfg.model.dtype])  # whole, on the CPU
     micro = plan.grad_accum
-    policy, ref, critic = rl.load_models(cfg, model_path(cfg.model), backend)
+    policy, ref, critic = rl.load_models(cfg, plan, model_path(cfg.model), backend)
     engine = backend.train_engine(policy, cfg.optim, 1, micro, plan.micro_batch_size)
     if critic is not None:
         critic = backend.train_engine(critic, rl._critic_optim(cfg), 1, micro, plan.micro_batch_size)

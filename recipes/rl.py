@@ -37,7 +37,7 @@ from core.algorithms.advantage import AdvantageInput, compute_advantages
 from core.algorithms.kl_control import KLController
 from core.config.frozen import FrozenConfig
 from core.config.pipeline import prepare, recorded
-from core.config.plan import RLPlan, needs_reference
+from core.config.plan import RLPlan
 from core.config.resume import check_resume_config, write_config
 from core.data import prompts as D
 from core.models.critic import load_critic
@@ -191,7 +191,7 @@ def _warm_start(cfg, path: str, data: Data, verifier: VerifierFn, device: torch.
 def _setup_models(cfg, plan: RLPlan, backend: Backend, path: str):
     """``(policy engine, critic engine or None, reference weights or None)``: every model loaded by the backend, the
     trained ones in their optimiser engines, the schedule over the run's optimiser steps."""
-    policy, ref, critic = load_models(cfg, path, backend)
+    policy, ref, critic = load_models(cfg, plan, path, backend)
     updates, micro = plan.total_optimizer_steps, cfg.train.micro_batch_size
     policy = backend.train_engine(policy, cfg.optim, updates, plan.grad_accum, micro)
     if critic is not None:
@@ -199,8 +199,9 @@ def _setup_models(cfg, plan: RLPlan, backend: Backend, path: str):
     return policy, critic, ref
 
 
-def load_models(cfg, path: str, backend: Backend):
-    """``(policy, reference or None, critic or None)`` from ``path``, as the loop trains them (``python -m
+def load_models(cfg, plan: RLPlan, path: str, backend: Backend):
+    """``(policy, reference or None, critic or None)`` from ``path``, the models ``plan.models`` names (the reference
+    only when the KL needs one, the critic only for an estimator with values), as the loop trains them (``python -m
     recipes.probe`` builds them the same way, on a backend that keeps them whole), each built where ``backend``
     places it (ZeRO-3: partitioned as it loads, the reference under its own ``zero.offload_reference``). Train mode:
     transformers checkpoints gradients only there, and from_pretrained returns eval mode; the no-grad passes and
@@ -208,10 +209,10 @@ def load_models(cfg, path: str, backend: Backend):
     with backend.placed():
         policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
     with backend.placed(reference=True):
-        ref = load_causal_lm(path, cfg.model) if needs_reference(cfg.kl) else None  # beta = 0: none at all
+        ref = load_causal_lm(path, cfg.model) if plan.model("reference") else None  # beta = 0: none at all
     with backend.placed():
         critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model, backend.writable),
-                               cfg.train.disable_dropout) if "critic" in cfg.advantage else None)
+                               cfg.train.disable_dropout) if plan.model("critic") else None)
     return policy, ref, critic
 
 
