@@ -24,7 +24,7 @@ def _everyday_commands() -> list[str]:
 @pytest.mark.slow
 def test_every_everyday_command_runs_as_written(tmp_path):
     commands = _everyday_commands()
-    assert len(commands) == 9, commands
+    assert len(commands) == 10, commands
     env = {**CLI_ENV, "RLR_RESULTS_DIR": str(tmp_path / "results")}
     first_run = None
     for command in commands:
