@@ -82,15 +82,20 @@ def _differing(keys, members) -> list[str]:
 
 
 def telling_keys(members: list[tuple[dict, dict]]) -> list[str]:
-    """The keys that tell ``members`` (rows of one recipe and scale, each with its :func:`run_info`) apart: the
-    overrides whose values differ, then config keys every run has that still differ between runs alike in those."""
+    """The keys that tell ``members`` (rows of one recipe, each with its :func:`run_info`) apart: the overrides
+    whose values differ, then config keys every run has that still differ between runs of one scale alike in
+    those (a recipe file edited between runs). Keys a scale changes count through the scale."""
     keys = _differing(set().union(*(override_keys(r) for r, _ in members)), members)
     buckets = defaultdict(list)
     for r, i in members:
-        buckets[tuple(json.dumps(_value(i, k), default=str) for k in keys)].append((r, i))
+        buckets[(_scale(r, i), *(json.dumps(_value(i, k), default=str) for k in keys))].append((r, i))
     common = set.intersection(*(set(i["config"]) for _, i in members)) - set(keys)
     extra = sorted({k for b in buckets.values() for k in _differing(common, b)})
     return keys + extra
+
+
+def _scale(row: dict, info: dict):
+    return row.get("scale") or info["scale"]
 
 
 def group(rows: list[dict]) -> list[dict]:
@@ -99,22 +104,7 @@ def group(rows: list[dict]) -> list[dict]:
     per seed, the latest), ``reruns`` (earlier runs of a config and seed, not counted), ``evals`` (the runs'
     evaluation rows) and ``seeds``. Evaluations of a model outside any run form groups of their own."""
     rows = latest_rows(rows)
-    trained = [r for r in rows if r.get("kind") != "eval"]
-    parts = defaultdict(list)
-    for r in trained:
-        info = run_info(r.get("run_dir", ""))
-        parts[(r.get("recipe"), r.get("scale") or info["scale"])].append((r, info))
-    groups = {}
-    for (recipe, scale), members in parts.items():
-        keys = telling_keys(members)
-        for r, info in members:
-            config = {k: _value(info, k) for k in keys}
-            g = groups.setdefault((recipe, scale, json.dumps(config, default=str)), {
-                "recipe": recipe, "loop": info["loop"], "scale": scale, "config": config, "by_seed": {},
-                "reruns": [], "evals": []})
-            if r.get("seed") in g["by_seed"]:
-                g["reruns"].append(g["by_seed"][r.get("seed")])
-            g["by_seed"][r.get("seed")] = r
+    groups = _training_groups([r for r in rows if r.get("kind") != "eval"])
     by_run = {r.get("run_dir"): g for g in groups.values() for r in g["by_seed"].values()}
     replaced = {r.get("run_dir") for g in groups.values() for r in g["reruns"]}
     for r in rows:
@@ -128,6 +118,25 @@ def group(rows: list[dict]) -> list[dict]:
         runs = list(g.pop("by_seed").values())
         out.append({**g, "runs": runs, "seeds": sorted((r.get("seed") for r in runs), key=str)})
     return out
+
+
+def _training_groups(rows: list[dict]) -> dict:
+    """Training rows by (recipe, scale, telling keys' values), each group's runs by seed (the latest wins)."""
+    recipes = defaultdict(list)
+    for r in rows:
+        recipes[r.get("recipe")].append((r, run_info(r.get("run_dir", ""))))
+    groups = {}
+    for recipe, members in recipes.items():
+        keys = telling_keys(members)
+        for r, info in members:
+            config, scale = {k: _value(info, k) for k in keys}, _scale(r, info)
+            g = groups.setdefault((recipe, scale, json.dumps(config, default=str)), {
+                "recipe": recipe, "loop": info["loop"], "scale": scale, "config": config, "by_seed": {},
+                "reruns": [], "evals": []})
+            if r.get("seed") in g["by_seed"]:
+                g["reruns"].append(g["by_seed"][r.get("seed")])
+            g["by_seed"][r.get("seed")] = r
+    return groups
 
 
 def stats(values: list[float]) -> dict:
