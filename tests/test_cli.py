@@ -174,15 +174,17 @@ def test_compare_groups_by_the_swept_key_with_mean_and_std_over_seeds(sweep, tmp
 
     out = main(["--results-dir", str(sweep / "results"), "--csv", str(tmp_path / "cmp.csv")])
     lines = out.splitlines()
-    assert lines[0].split(" | ")[:5] == ["| recipe", "kl.coef", "n", "seeds", "eval_before"], lines[0]
-    assert len(lines) == 4  # header, separator, one row per kl.coef
-    rows = list(csv.DictReader(open(tmp_path / "cmp.csv")))
+    assert lines[0] == "RL runs:" and lines[2].split(" | ")[:6] == ["| recipe", "scale", "kl.coef", "n", "seeds",
+                                                                   "eval_before"], lines[2]
+    assert len(lines) == 6  # title, blank, header, separator, one row per kl.coef
+    rows = [r for r in csv.DictReader(open(tmp_path / "cmp.csv")) if r["result"] == "eval_after"]
     assert sorted(r["kl.coef"] for r in rows) == ["0.0", "0.04"] and all(r["n"] == "2" for r in rows)
     assert all(r["seeds"] == "0 1" for r in rows)
-    for r in rows:  # the mean ± std of the group's own runs
+    for r in rows:  # the mean and std of the group's own runs, as numbers
         runs = [x for x in results(sweep) if (x["overrides"].count("kl.coef=0.04") > 0) == (r["kl.coef"] == "0.04")]
         after = [x["eval_after"] for x in runs]
-        assert r["eval_after"] == f"{statistics.fmean(after):.4g} ± {statistics.stdev(after):.2g}"
+        assert float(r["mean"]) == pytest.approx(statistics.fmean(after))
+        assert float(r["std"]) == pytest.approx(statistics.stdev(after))
 
 
 def test_compare_plots_the_training_curves(sweep, tmp_path):

@@ -220,11 +220,13 @@ def test_cli_evaluates_a_run_dir_with_sampled_pass_at_k(tmp_path):
     assert value["avg@4"] == value["pass@1"] == float(Fraction(sum(c for _, c in counts), 12))
     for k in (2, 4):
         assert value[f"pass@{k}"] == float(sum(_subsets_pass(n, c, k) for n, c in counts) / 3)
-    from recipes.compare import group, table
+    from core.reporting.comparison import eval_results, group
 
-    cols, body = table(group(results(tmp_path)))  # the eval rows beside their run's training row, one group
-    assert len(body) == 1 and body[0]["n"] == 1 and body[0]["seeds"] == "3" and body[0]["eval_after"] == "0.25"
-    assert body[0]["open_r1_aime24/tiny/pass@4"] == f"{value['pass@4']:.4g}"
+    (g,) = group(results(tmp_path))  # the eval rows with their run's training row, one group
+    assert [r["seed"] for r in g["runs"]] == [3] and g["runs"][0]["eval_after"] == 0.25
+    pass4 = [e for e in eval_results(g) if e["result"] == "pass@4"]
+    assert [(e["preset"], e["set"], e["problems"], e["n"], e["mean"]) for e in pass4] == \
+        [("open_r1_aime24", "tiny", 3, 1, value["pass@4"])]
 
 
 def test_cli_refuses_bad_input_before_loading_a_model(tmp_path):

@@ -60,6 +60,27 @@ def read_rows(results_dir: Path) -> list[dict]:
     return rows
 
 
+# An evaluation row's settings: two evaluations of one model that agree on all of them measure the same thing (the
+# later one is the model's value); any difference (fewer problems, shorter completions, other sampling) is another
+# measurement. ``eval_seed`` is not one: a re-evaluation with another sampling seed replaces the earlier value.
+EVAL_SETTINGS = ("preset", "set", "metric", "problems", "samples", "greedy", "temperature", "top_p", "max_new_tokens",
+                 "verifier")
+
+
+def latest_rows(rows: list[dict]) -> list[dict]:
+    """The latest row (the last in the table) of each run dir, in table order: a training row per ``run_dir`` (a run
+    extended or rewritten keeps its last row), and an evaluation row (``kind: eval``) per evaluated model and
+    :data:`EVAL_SETTINGS` (the model is the run dir, or for a model outside a run its path)."""
+    def key(r):
+        if r.get("kind") != "eval":
+            return (r.get("kind"), r.get("run_dir"))
+        model = r.get("model") if r.get("run_dir") == r.get("eval_dir") else r.get("run_dir")
+        return ("eval", model, *(json.dumps(r.get(k), default=str) for k in EVAL_SETTINGS))
+
+    last = {key(r): i for i, r in enumerate(rows)}
+    return [r for i, r in enumerate(rows) if last[key(r)] == i]
+
+
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
     def cell(v):
         if isinstance(v, float):
