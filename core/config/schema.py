@@ -98,6 +98,7 @@ class PromptDataConfig:
     eval_path: Optional[str] = None  # the held-out rows' file (a generated source holds out rows of its own)
     eval_split: str = "test"  # the held-out split (source=hub)
     eval_hub_name: Optional[str] = None  # source=hub: the eval split's dataset (its default config); null: hub_name
+    published_rows: Optional[int] = ck(None, OPT_POS)  # source=hub: the train split's rows on its dataset card
     prompt_key: str = "prompt"  # a column, or a path into nested ones: "prompt.0.content"
     answer_key: Optional[str] = "answer"  # null: the rows have no gold answer (the verifier reads other columns)
     eval_prompt_key: Optional[str] = None  # null: prompt_key
