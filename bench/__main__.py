@@ -8,6 +8,10 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
+    from core.errors import printed_help
+
+    if printed_help(argv, f"python -m bench [NAME ...]: {__doc__}"):
+        return 0
     names = sorted(p.stem for p in Path(__file__).parent.glob("*_bench.py"))
     chosen = [n for n in names if not argv or any(a in n for a in argv)]
     if not chosen:

@@ -17,8 +17,7 @@ def tool_main(entry, argv: list[str], usage: str) -> None:
 
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    if {"-h", "--help"} & set(argv):
-        print(usage.strip())
+    if printed_help(argv, usage):
         return
     try:
         entry(argv)
@@ -27,3 +26,12 @@ def tool_main(entry, argv: list[str], usage: str) -> None:
     except (ConfigCompositionException, OverrideParseException) as e:
         cause = f"\n{e.__cause__}" if e.__cause__ is not None else ""
         sys.exit(f"{e}{cause}")
+
+
+def printed_help(argv: list[str], usage: str) -> bool:
+    """``-h``/``--help`` among ``argv``: print ``usage`` (a ``python -m`` tool's docstring) and return True, so the
+    tool does nothing else (never reads the flag as a name or a path)."""
+    if {"-h", "--help"} & set(argv):
+        print(usage.strip())
+        return True
+    return False

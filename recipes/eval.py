@@ -161,9 +161,15 @@ def _hydra_main(cfg) -> float:
 
 
 def cli() -> None:
-    from recipes.run import briefly_on_input_errors
+    import sys
 
-    briefly_on_input_errors(_hydra_main)
+    from recipes.run import briefly_on_input_errors, print_job_config
+
+    def start():
+        if not print_job_config(sys.argv[1:], prepare_eval):  # --cfg job: checked as a run checks it
+            _hydra_main()
+
+    briefly_on_input_errors(start)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
-"""``python -m recipes.explain recipe=NAME [overrides]``: a recipe's batch arithmetic before any GPU-hour is spent.
+"""``python -m recipes.explain recipe=NAME [--count-rows] [overrides]``: a recipe's batch arithmetic before any
+GPU-hour is spent.
 
 Prepares the config as ``recipes.run`` would (core/config/pipeline.py ``prepare``: every check a learner rank would
 run, in a world of the layout's learners, as core/launch.py does), counts the training rows after the data filters
-(when the data can be read here), and prints the run's plan (core/config/plan.py), in our keys and then in the
-source framework's own flags (``source.name``, one view per framework in core/reporting/source_views.py):
+(a generated or local source is read; a hub dataset is not downloaded: its published row count, ``data.published_rows``,
+stands in, and ``--count-rows`` downloads the split to count the rows after the filters), and prints the run's plan
+(core/config/plan.py), in our keys and then in the source framework's own flags (``source.name``, one view per
+framework in core/reporting/source_views.py):
 
-- the GPUs: learners, rollout GPUs, engines and TP, nodes;
+- the GPUs: learners, rollout GPUs, nodes, and what generates (``rollout.engine``: vLLM engines and TP, or ``hf``
+  generate on each learner);
 - one RL step: prompts, completions per prompt, completions; mini-batches and optimiser steps per step; each
   learner's prompts, micro-batch and accumulation;
 - the run: rows after filtering, steps per epoch (drop-last), epochs covered, views per example, total optimiser
-  steps, the schedule's length and warmup;
+  steps, the schedule's length and warmup; the views of each example (completions generated per training row);
 - ``source.notes``: where an article's figure differs from the source's.
 
 A config that breaks an invariant prints the check's message and the arithmetic that fails, and exits 1.
@@ -35,7 +39,8 @@ def numbers(plan) -> dict:
     n["steps_per_epoch"] = plan.rows // plan.prompts_per_step if plan.rows is not None else None
     if n["total_steps"] is not None and n["steps_per_epoch"]:
         n["epochs"] = n["total_steps"] / n["steps_per_epoch"]
-        n["views"] = n["epochs"] * plan.group_size
+        # completions generated per training row over the run (drop-last epochs leave some rows out of each)
+        n["views"] = n["total_steps"] * plan.samples_per_step / plan.rows
     if n["total_updates"] is not None:
         n["warmup"] = plan.warmup
     return n
@@ -47,8 +52,7 @@ def lines(cfg, n: dict) -> list[str]:
     gpus = f"{n['learners']} learner GPU(s)"
     if n["mode"] == "dedicated":
         gpus += f" + {n['rollout_gpus']} rollout GPU(s)"
-    out.append(f"GPUs: {gpus} on {n['nodes']} node(s) x {n['gpus_per_node']}; {n['engines']} vLLM engine(s) x TP "
-               f"{n['tp']} ({n['mode']})")
+    out.append(f"GPUs: {gpus} on {n['nodes']} node(s) x {n['gpus_per_node']}; {_generation(cfg, n)}")
     out.append(f"one RL step: train.prompts_per_step {n['prompts']} x train.group_size {n['group']} = {n['samples']} "
                f"completions")
     out.append(f"  train.mini_batch_size {n['mini']} completions -> {n['mini_batches']} mini-batch(es) x "
@@ -58,37 +62,56 @@ def lines(cfg, n: dict) -> list[str]:
     if n["rows"] is None:
         out.append("data: rows not readable here, so epochs are not derived")
     else:
-        out.append(f"data: {n['rows']} training rows after the filters -> {n['steps_per_epoch']} RL steps per epoch "
+        counted = "as published" if n.get("published") else "after the filters"
+        out.append(f"data: {n['rows']} training rows {counted} -> {n['steps_per_epoch']} RL steps per epoch "
                    f"(prompts_per_step {n['prompts']}, last partial batch dropped)")
     if n["total_steps"] is not None:
         run = f"run: {n['total_steps']} RL steps"
         if "epochs" in n:
-            run += f" = {n['epochs']:.2f} epochs, about {n['views']:.0f} views of each example"
+            run += (f" = {n['epochs']:.2f} epochs, about {n['views']:.0f} views of each example ({n['total_steps']} x "
+                    f"{n['samples']} completions / {n['rows']} rows)")
         out.append(run)
         out.append(f"  {n['total_steps']} x {n['updates_per_step']} = {n['total_updates']} optimiser steps; schedule "
                    f"{cfg.optim.scheduler.name} over {n['total_updates']}, warmup {n['warmup']}")
     return out
 
 
+def _generation(cfg, n: dict) -> str:
+    """What generates the rollouts: vLLM engines (colocated or dedicated) or ``hf`` generate on each learner."""
+    engine = cfg.rollout.engine
+    if engine == "hf":
+        return "rollout.engine=hf: transformers generate on each learner, no vLLM engine"
+    return f"rollout.engine={engine}: {n['engines']} vLLM engine(s) x TP {n['tp']} ({n['mode']})"
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
 
 
-def explain(overrides: list[str]) -> list[str]:
-    """The explanation of ``overrides`` as printed lines; raises the config's own error when it cannot run."""
+COUNT_ROWS = "--count-rows"  # download a hub dataset's train split to count its rows after the filters
+
+
+def explain(argv: list[str]) -> list[str]:
+    """The explanation of ``argv`` (overrides, and :data:`COUNT_ROWS`) as printed lines; raises the config's own
+    error when it cannot run."""
     from core.config.pipeline import prepare
 
+    overrides = [a for a in argv if a != COUNT_ROWS]
     prepared = prepare(overrides, launched=True, packages=False)  # explains anywhere: the gpu extra may be absent
     if prepared.config.loop != "rl":
         raise SystemExit(f"recipes.explain explains RL recipes; loop={prepared.config.loop}")
-    return explanation(prepared, *_train_rows(prepared.config))
+    cfg, count = prepared.config, COUNT_ROWS in argv
+    published = cfg.data.source == "hub" and not count
+    return explanation(prepared, *_train_rows(cfg, count), published=published)
 
 
-def explanation(prepared, rows: int | None, why: str = "") -> list[str]:
+def explanation(prepared, rows: int | None, why: str = "", published: bool = False) -> list[str]:
     """The lines of a prepared RL config (core/config/pipeline.py) with ``rows`` training rows (None: unknown,
-    ``why`` says why); raises the config's own error when a step needs more prompts than there are rows."""
+    ``why`` says why; ``published``: the dataset card's count, before the filters); raises the config's own error
+    when a step needs more prompts than there are rows."""
     cfg, plan = prepared.config, prepared.plan
     n = numbers(plan if rows is None else plan.for_rows(rows))
+    n["published"] = published
     out = lines(cfg, n)
     if why:
         out.append(f"  (rows: {why})")
@@ -101,10 +124,19 @@ def explanation(prepared, rows: int | None, why: str = "") -> list[str]:
     return out
 
 
-def _train_rows(cfg) -> tuple[int | None, str]:
-    """Training rows after the character filter, and after the token filter when the tokenizer loads here."""
+def _train_rows(cfg, count: bool = False) -> tuple[int | None, str]:
+    """Training rows after the character filter, and after the token filter when the tokenizer loads here. A hub
+    dataset is read only when ``count``: else its published rows (``data.published_rows``, before the filters)."""
     from core.data import prompts as D
 
+    data = cfg.data
+    if data.source == "hub" and not count:
+        filters = [f"data.{k}={data[k]}" for k in ("max_prompt_chars", "max_prompt_tokens") if data[k]]
+        if data.published_rows is None:
+            return None, f"{data.hub_name} is not downloaded to count them ({COUNT_ROWS} does)"
+        before = f", before {' and '.join(filters)}" if filters else ""
+        return data.published_rows, (f"as published for {data.hub_name} {data.split} (data.published_rows{before}); "
+                                     f"{COUNT_ROWS} downloads the split to count them")
     try:
         rows = D.load_split(cfg.data, "train")
     except Exception as e:  # noqa: BLE001 (a hub dataset offline, a missing file: explained, not fatal)

@@ -65,10 +65,11 @@ def set_cpu_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
-def _print_job_config(argv: list[str]) -> bool:
-    """``--cfg job`` (``-c job``): print the config the loop will run and return True. It is prepared as the
-    loop prepares it (scaled to this machine), checked in the world its layout asks for, whether or not the gpu
-    extra is installed here."""
+def print_job_config(argv: list[str], prepare_job=None) -> bool:
+    """``--cfg job`` (``-c job``): print the config the entry point will run and return True. It is prepared as
+    the entry point prepares it (``prepare_job(overrides)``; by default the loops': scaled to this machine, checked
+    in the world its layout asks for, whether or not the gpu extra is installed here), so a config it would refuse
+    prints its problems and nothing as config."""
     from omegaconf import OmegaConf
 
     from core.config.pipeline import prepare
@@ -77,18 +78,19 @@ def _print_job_config(argv: list[str]) -> bool:
     args = hydra_args(argv)
     if args.cfg != "job":
         return False
-    prepared = prepare(args.overrides, launched=True, packages=False)
+    prepared = (prepare_job or (lambda o: prepare(o, launched=True, packages=False)))(args.overrides)
     print(OmegaConf.to_yaml(prepared.config, resolve=args.resolve), end="")
     return True
 
 
 def _nearest(cause) -> str:
     """For a key the schema lacks (OmegaConf's ConfigKeyError or ConfigAttributeError, which carry the key and
-    the schema): the nearest valid names."""
+    the schema): the nearest valid names; none for a key the schema has (a value of the wrong type)."""
     from core.config.checking import nearest_keys
 
     schema, key = getattr(cause, "object_type", None), getattr(cause, "key", None)
-    if not (dataclasses.is_dataclass(schema) and isinstance(key, str)):
+    if not (dataclasses.is_dataclass(schema) and isinstance(key, str)) or \
+            key in {f.name for f in dataclasses.fields(schema)}:
         return ""
     near = nearest_keys(key, schema)
     return f"did you mean {' or '.join(near)}?" if near else ""
@@ -98,7 +100,7 @@ def cli() -> None:
     from core.launch import check_multirun, sweep_dirnames
 
     def start():
-        if _print_job_config(sys.argv[1:]):
+        if print_job_config(sys.argv[1:]):
             return
         check_multirun(sys.argv[1:])  # what a submitit launcher cannot start, before it submits anything
         sys.argv[1:] = sweep_dirnames(sys.argv[1:])  # a multirun's job dirs named by the values they sweep

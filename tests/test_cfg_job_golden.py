@@ -31,7 +31,7 @@ def job_config(recipe: str | None, scale: str) -> str:
     argv = ["--cfg", "job", *([f"recipe={recipe}"] if recipe else []), f"scale={scale}"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert run._print_job_config(argv)
+        assert run.print_job_config(argv)
     return out.getvalue()
 
 

@@ -308,3 +308,43 @@ def test_tools_print_their_usage_on_help_and_a_bad_override_briefly(module, caps
     with pytest.raises(SystemExit) as exit_:
         tool.main(["bad=="])
     assert "override" in str(exit_.value.code) and "Traceback" not in str(exit_.value.code)
+
+
+def _module(module: str, *args: str, cwd=PROJECT_ROOT, env=None, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env or CLI_ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("recipes.run", ["seed=abc"], "Value 'abc' of type 'str' could not be converted to Integer"),
+    ("recipes.run", ["train.group_size=1"], "estimators that take 1: advantage=gae, advantage=reinforce_pp"),
+    ("recipes.eval", ["+foo=1"], "foo: unknown key (EvalRunConfig)"),
+], ids=["run-type", "run-invalid", "eval-unknown-key"])
+def test_cfg_job_of_a_bad_config_prints_its_problems_and_no_config(module, args, message):
+    """``--cfg job`` refuses as the run would (issue 27): status 1, the message, no traceback, nothing on stdout; a
+    value of the wrong type suggests no other key (its own name is not a misspelling)."""
+    proc = _module(module, "--cfg", "job", *args)
+    assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout == "" and "Traceback" not in proc.stderr and "did you mean" not in proc.stderr
+
+
+@pytest.mark.parametrize("module", ["recipes.run", "recipes.eval", "recipes.compare", "recipes.explain",
+                                    "recipes.probe", "core.launch", "bench", "core.data.codeforces_tiny"])
+def test_every_entry_point_prints_help(module, tmp_path):
+    """``python -m MODULE --help`` prints a usage and exits 0, with no traceback, and takes the flag for no name or
+    path (core.data.codeforces_tiny once wrote its problems into a folder called ``--help``)."""
+    proc = _module(module, "--help", cwd=tmp_path, env={**CLI_ENV, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert proc.returncode == 0 and proc.stdout.strip() and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unreachable_hub_dataset_is_named_in_a_short_message(tmp_path):
+    """Offline (HF_HUB_OFFLINE=1, an empty hub cache), a hub dataset ends the run with its id, the offline switch
+    and the local-file alternative: status 1, no traceback (issue 27: a ConnectionError traceback after 25 s)."""
+    env = {**CLI_ENV, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    start = time.monotonic()
+    proc = _module("recipes.run", "data=math_lighteval", f"hydra.run.dir={tmp_path}/run", env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "HubError: data.hub_name=DigitalLearningGmbH/MATH-lighteval: the dataset could not be read" in proc.stderr
+    assert "HF_HUB_OFFLINE=1 is set" in proc.stderr and "data.source=file data.path=PATH" in proc.stderr
+    assert "Traceback" not in proc.stderr and time.monotonic() - start < 120

@@ -45,3 +45,44 @@ def test_a_broken_invariant_prints_the_failing_arithmetic():
     assert proc.returncode == 1
     assert "train.prompts_per_step x train.group_size = 8 x 14 = 112 completions is not divisible by " \
            "train.mini_batch_size=64" in proc.stderr
+
+
+def test_the_engine_line_names_what_the_config_generates_with():
+    """The default recipe generates with ``hf``: no vLLM engine is mentioned (issue 27: "1 vLLM engine")."""
+    out = explain().stdout
+    gpus = next(line for line in out.splitlines() if line.startswith("GPUs:"))
+    assert "rollout.engine=hf" in gpus and "vLLM engine(s)" not in gpus
+    out = explain("recipe=simplerl_zoo_7b").stdout
+    assert "rollout.engine=vllm: 8 vLLM engine(s) x TP 2 (colocate)" in out
+
+
+def test_the_views_of_each_example_are_one_figure():
+    """SimpleRL-Zoo 7B: 100 steps x 8192 completions over 8360 rows, the same figure in our keys and in veRL's
+    flags (issue 27: "about 100 views" and "96 views" in one output)."""
+    out = explain("recipe=simplerl_zoo_7b").stdout
+    assert "run: 100 RL steps = 12.50 epochs, about 98 views of each example (100 x 8192 completions / 8360 rows)" in out
+    assert "steps run: 100 = 12 full epochs of 8 + 4 steps (12.50 epochs, about 98 views" in out
+    assert [w for w in out.split() if w == "views"] == ["views", "views"]  # the two lines above, no other figure
+
+
+def test_hub_rows_are_the_published_count_unless_asked(monkeypatch):
+    """A hub dataset is not downloaded to count rows: ``data.published_rows`` stands in; ``--count-rows`` reads the
+    split (here a loader raising the hub's own offline error: a short message, not 25 s of retries)."""
+    import datasets
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    calls = []
+
+    def offline(*args, **kwargs):
+        calls.append(args)
+        raise ConnectionError("Couldn't reach 'x' on the Hub (OfflineModeIsEnabled)") from OfflineModeIsEnabled("off")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    proc = explain("recipe=open_r1_grpo_math_7b")
+    assert proc.returncode == 0, proc.stderr
+    assert not calls
+    assert "data: 7500 training rows as published -> 58 RL steps per epoch" in proc.stdout
+    assert "as published for DigitalLearningGmbH/MATH-lighteval train" in proc.stdout
+    proc = explain("recipe=open_r1_grpo_math_7b", "--count-rows")
+    assert proc.returncode == 0 and calls
+    assert "data.hub_name=DigitalLearningGmbH/MATH-lighteval: the dataset could not be read" in proc.stdout

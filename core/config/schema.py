@@ -99,6 +99,7 @@ class PromptDataConfig:
     eval_holdout: Optional[float] = ck(None, above(0, optional=True))  # train rows held out: N (>= 1) or a fraction (< 1)
     eval_split: str = "test"  # the held-out split (source=hub)
     eval_hub_name: Optional[str] = None  # source=hub: the eval split's dataset (its default config); null: hub_name
+    published_rows: Optional[int] = ck(None, OPT_POS)  # source=hub: the train split's rows on its dataset card
     prompt_key: str = "prompt"  # a column, or a path into nested ones: "prompt.0.content"
     answer_key: Optional[str] = "answer"  # null: the rows have no gold answer (the verifier reads other columns)
     eval_prompt_key: Optional[str] = None  # null: prompt_key

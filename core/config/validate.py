@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -32,13 +33,15 @@ def problems(cfg, world: int, packages: bool = True) -> list[str]:
     """Every reason the scaled config ``cfg`` cannot run in a world of ``world`` learner ranks, each owned by what
     it checks: every key against its schema (unknown keys, ranges: core/config/checking.py), the layout
     (core/config/layout.py) and the loop's batches split over its learners (:data:`BATCH_SPLITS`), the sharding,
-    optimiser and models both loops share, a writable results table, and the loop's own settings
-    (:data:`LOOP_CHECKS`). ``packages=False`` leaves out whether the gpu extra the config names (vLLM, flash-attn)
-    is installed here (``recipes.explain`` on a laptop)."""
+    optimiser and models both loops share, a writable results table, the local data files, and the loop's own
+    settings (:data:`LOOP_CHECKS`). ``packages=False`` leaves out what only the machine that runs it must hold: the
+    gpu extra the config names (vLLM, flash-attn) and the data files (``recipes.explain`` on a laptop)."""
     errors = check_schema(cfg)
-    if not any(e.startswith(("layout.", "train.")) for e in errors):  # the checks below divide by these
+    bad = {re.match(r"[\w.]+", e).group(0) for e in errors}  # keys out of range: the checks that divide by them wait
+    if not any(k.startswith("layout.") for k in bad):
         errors += layout_problems(cfg, world)
-        errors += BATCH_SPLITS.get(cfg.loop)(cfg.train, cfg.layout.learner_gpus)
+        if not bad & {f"train.{k}" for k in BATCH_SPLITS.meta(cfg.loop)["keys"]}:
+            errors += BATCH_SPLITS.get(cfg.loop)(cfg.train, cfg.layout.learner_gpus)
     errors += _zero_problems(cfg.zero, cfg.optim.optimizer)
     errors += _optimizer_problems(cfg.optim.optimizer)
     errors += _model_problems(cfg, packages)
@@ -46,9 +49,23 @@ def problems(cfg, world: int, packages: bool = True) -> list[str]:
     if problem:
         errors.append(f"paths.results_dir={cfg.paths.results_dir}: {problem}; the results table and run dirs "
                       f"are written there")
+    if packages:
+        errors += _data_file_problems(cfg.data)
     if cfg.loop in LOOP_CHECKS:
         errors += LOOP_CHECKS.get(cfg.loop)(cfg, packages)
     return errors
+
+
+def _data_file_problems(data) -> list[str]:
+    """Each local data file the config names and its source reads (``data.path``, ``data.eval_path``) exists; the
+    rows themselves are checked as they are read (core/data/prompts.py ``read_rows``)."""
+    from core import paths
+
+    reads = {"path": data.source in ("file", "code_stdio"),
+             "eval_path": data.get("eval", "source") == "source" and  # pairs: a held-out source of their own
+                          data.get("eval_source", data.source) in ("file", "code_stdio")}
+    return [f"data.{key}={data[key]}: data file not found: {paths.resolve(data[key])}"
+            for key, read in reads.items() if read and data.get(key) and not paths.resolve(data[key]).exists()]
 
 
 def refuse(errors: list[str]) -> None:
@@ -218,12 +235,13 @@ def _check_placement(cfg, errors: list[str], packages: bool = True) -> None:
 BATCH_SPLITS: Registry = Registry("batch split")
 
 
-@BATCH_SPLITS.register("rl")
+@BATCH_SPLITS.register("rl", keys=("prompts_per_step", "group_size", "mini_batch_size", "micro_batch_size"))
 def rl_batch_problems(t, world: int) -> list[str]:
     """An RL step's completions split into whole mini-batches; each rank takes an equal contiguous slice of the
     step's group-major completions, as TRL 1.16 splits them (``process_slice``; a group may span ranks, its
     scores are gathered for the baseline), and an equal share of every mini-batch in whole micro-batches
-    (recipes/rl.py). Only the completion count has to divide by the ranks, not the prompt count."""
+    (recipes/rl.py). Only the completion count has to divide by the ranks, not the prompt count. When a size does
+    not divide, the last problem names sizes that fit all three divisions at once (:func:`_fitting_sizes`)."""
     samples, errors = t.prompts_per_step * t.group_size, []
     completions = f"train.prompts_per_step x train.group_size = {t.prompts_per_step} x {t.group_size} = {samples}"
     if samples % t.mini_batch_size:
@@ -234,10 +252,25 @@ def rl_batch_problems(t, world: int) -> list[str]:
     if t.mini_batch_size % (t.micro_batch_size * world):
         errors.append(f"train.mini_batch_size={t.mini_batch_size} is not divisible by train.micro_batch_size x "
                       f"world size = {t.micro_batch_size} x {world}")
+    fit = _fitting_sizes(t, world) if errors and not samples % world else None
+    if fit:
+        errors.append(f"sizes that divide together with train.prompts_per_step={t.prompts_per_step} and "
+                      f"train.group_size={t.group_size} in a world of {world}: {fit}")
     return errors
 
 
-@BATCH_SPLITS.register("rm")
+def _fitting_sizes(t, world: int) -> str:
+    """The overrides that make an RL step's ``samples`` completions split: the largest mini-batch up to
+    ``train.mini_batch_size`` that divides them and is a multiple of the world size, and the largest micro-batch up
+    to ``train.micro_batch_size`` whose ``x world`` divides that mini-batch (``samples % world == 0``, so 1 fits)."""
+    samples = t.prompts_per_step * t.group_size
+    mini = next(m for m in range(min(t.mini_batch_size, samples), 0, -1) if not samples % m and not m % world)
+    micro = next(u for u in range(min(t.micro_batch_size, mini // world), 0, -1) if not mini % (u * world))
+    return " ".join(f"train.{k}={v}" for k, v in (("mini_batch_size", mini), ("micro_batch_size", micro))
+                    if v != t[k])
+
+
+@BATCH_SPLITS.register("rm", keys=("batch_size", "micro_batch_size"))
 def rm_batch_problems(t, world: int) -> list[str]:
     """A reward-model step of ``batch_size`` pairs splits into whole micro-batches on every rank (recipes/rm.py)."""
     batch, micro = t.batch_size, t.micro_batch_size
@@ -270,8 +303,10 @@ def rl_problems(cfg, packages: bool = True) -> list[str]:
         _check_critic(cfg, errors)
     min_group = ADVANTAGES.meta(cfg.advantage.name).get("min_group_size", 1) if known else 1
     if t.group_size < min_group:
+        takes = [n for n in ADVANTAGES.names() if ADVANTAGES.meta(n).get("min_group_size", 1) <= t.group_size]
         errors.append(f"train.group_size={t.group_size}: advantage.name={cfg.advantage.name} compares "
-                      f"completions of one prompt and needs group_size >= {min_group}")
+                      f"completions of one prompt and needs group_size >= {min_group}; estimators that take "
+                      f"{t.group_size}: {', '.join(f'advantage={n}' for n in takes) or 'none'}")
     if t.shaping.none_reward == "exclude" and known and not ADVANTAGES.meta(cfg.advantage.name).get("excludes_nan"):
         errors.append(f"train.shaping.none_reward=exclude leaves unscored samples out of group statistics, which "
                       f"advantage.name={cfg.advantage.name} does not support; use one of "

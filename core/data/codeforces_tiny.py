@@ -318,7 +318,11 @@ def write(folder: Path, seed: int = SEED) -> list[Path]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
+    from core.errors import printed_help
+
+    if printed_help(sys.argv[1:], __doc__):
+        pass
+    elif len(sys.argv) > 1:
         print("\n".join(str(path) for path in write(Path(sys.argv[1]))))
     else:
         print(folder())

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from core import paths
 from core.data.prompts import DataError, read_rows
+from core.hub import reading
 from core.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ def hub(cfg) -> list[dict]:
 
     if not cfg.hub_name:
         raise DataError("data.hub_name is not set (data.source=hub needs a dataset name)")
-    return [dict(r) for r in datasets.load_dataset(cfg.hub_name, split=cfg.split)]
+    with reading("dataset", cfg.get("hub_key", "data.hub_name"), cfg.hub_name):
+        return [dict(r) for r in datasets.load_dataset(cfg.hub_name, split=cfg.split)]
 
 
 def _eval_rows(cfg, train: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -63,7 +65,7 @@ def _eval_rows(cfg, train: list[dict]) -> tuple[list[dict], list[dict]]:
     if mode == "source":
         node = dict(cfg)
         node.update({"source": cfg.eval_source, "path": cfg.eval_path, "hub_name": cfg.eval_hub_name,
-                     "split": cfg.eval_split})
+                     "hub_key": "data.eval_hub_name", "split": cfg.eval_split})
         return train, PAIR_SOURCES.get(cfg.eval_source)(_Node(node))
     n = int(round(frac * len(train)))
     if mode == "train_head":  # OpenRLHF without --eval_dataset: the first rows of train (they overlap)

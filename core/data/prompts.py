@@ -17,6 +17,7 @@ from typing import Callable
 
 from core import paths
 from core.errors import InputError
+from core.hub import reading
 from core.registry import Registry
 
 SourceFn = Callable[[object, str], "list[dict]"]
@@ -74,10 +75,14 @@ def hub(cfg, split: str) -> list[dict]:
     if not cfg.hub_name:
         raise DataError("data.hub_name is not set (data.source=hub needs a dataset name)")
     if split == "train":
-        return [dict(r) for r in datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=cfg.split)]
-    other = cfg.eval_hub_name
-    name, config = (other, None) if other else (cfg.hub_name, cfg.hub_config)
-    return [dict(r) for r in datasets.load_dataset(name, config, split=cfg.eval_split)]
+        key, name, config, part = "data.hub_name", cfg.hub_name, cfg.hub_config, cfg.split
+    else:
+        other = cfg.eval_hub_name
+        key, name, config = ("data.eval_hub_name", other, None) if other else ("data.hub_name", cfg.hub_name,
+                                                                               cfg.hub_config)
+        part = cfg.eval_split
+    with reading("dataset", key, name):  # unreachable or not there: the id and the local alternatives
+        return [dict(r) for r in datasets.load_dataset(name, config, split=part)]
 
 
 @SOURCES.register("code_stdio")

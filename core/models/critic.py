@@ -24,10 +24,13 @@ def load_critic(policy_path: str, critic_cfg, model_cfg, writable=contextlib.nul
     Under ZeRO-3, call it inside ``Backend.placed()`` with ``Backend.writable`` (core/training/backend.py)."""
     from transformers import AutoModelForSequenceClassification
 
+    from core.hub import reading
+
     path = critic_cfg.init_from or policy_path
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(path), num_labels=1, attn_implementation=model_cfg.attn_implementation,
-        dtype=DTYPES[model_cfg.dtype])
+    with reading("model", "advantage.critic.init_from" if critic_cfg.init_from else "model.name_or_path", path):
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(path), num_labels=1, attn_implementation=model_cfg.attn_implementation,
+            dtype=DTYPES[model_cfg.dtype])
     if not critic_cfg.init_from:
         head = model.score.weight
         with torch.no_grad(), fork_rng(head.device), writable([head]):

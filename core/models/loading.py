@@ -183,9 +183,14 @@ def model_source_problem(key: str, name_or_path: str | None) -> str | None:
 
 
 def load_tokenizer(path: str):
+    """The tokenizer at ``path`` (``model.name_or_path``), left-padded, its pad token the EOS when it has none; a hub
+    name the hub cannot give is a :class:`core.hub.HubError`."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    from core.hub import reading
+
+    with reading("model", "model.name_or_path", path):
+        tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"  # generation pads prompts on the left
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -200,7 +205,10 @@ def load_causal_lm(path: str, model_cfg):
     attn = model_cfg.attn_implementation
     if attn == "flash_attention_2":
         _require("flash_attn", "model.attn_implementation=flash_attention_2")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_cfg.dtype], attn_implementation=attn)
+    from core.hub import reading
+
+    with reading("model", "model.name_or_path", path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_cfg.dtype], attn_implementation=attn)
     return with_checkpointing(model, model_cfg)
 
 

@@ -42,8 +42,11 @@ def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad
     attn = model_cfg.attn_implementation
     if attn == "flash_attention_2":
         _require("flash_attn", "model.attn_implementation=flash_attention_2")
-    model, info = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=DTYPES[model_cfg.dtype], attn_implementation=attn, output_loading_info=True)
+    from core.hub import reading
+
+    with reading("model", "model.name_or_path", path):
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=DTYPES[model_cfg.dtype], attn_implementation=attn, output_loading_info=True)
     if pad_token_id is not None:
         model.config.pad_token_id = pad_token_id  # HF's own pooling finds the last non-pad token with it
     fresh_head = any(k.startswith("score.") for k in info["missing_keys"])

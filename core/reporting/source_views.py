@@ -68,17 +68,21 @@ def _verl(cfg, n: dict) -> list[tuple[str, str]]:
                                                  f"{int(flags['total_epochs']) * per} steps"))
         if steps is not None:
             full, rest = divmod(steps, per)
-            rows.append(("steps run", f"{steps} = {full} full epochs of {per} + {rest} steps: about {full} epochs, "
-                                      f"{full} x rollout.n {n['group']} = {full * n['group']} views of each example"))
+            rows.append(("steps run", f"{steps} = {full} full epochs of {per} + {rest} steps ({n['epochs']:.2f} "
+                                      f"epochs, about {n['views']:.0f} views of each example at rollout.n "
+                                      f"{n['group']})"))
     return rows
 
 
 def _rows_before_filters(cfg) -> int | None:
-    """Training rows before ``data.max_prompt_chars`` (None when the data cannot be read here)."""
+    """Training rows before ``data.max_prompt_chars`` (None when the data cannot be read here); a hub dataset's
+    published count (``data.published_rows``), which recipes.explain does not download to recount."""
     from omegaconf import OmegaConf
 
     from core.data import prompts as D
 
+    if cfg.data.source == "hub":
+        return cfg.data.published_rows
     try:
         return len(D.load_split(OmegaConf.merge(cfg.data, {"max_prompt_chars": None}), "train"))
     except Exception:  # noqa: BLE001 (unreadable data is explained by the rows line already)

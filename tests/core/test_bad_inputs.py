@@ -200,3 +200,72 @@ def test_weighted_rewards_are_a_group_option_set_without_plus(compose_cfg):
     cfg = prepare(compose_cfg("verifier=weighted", "verifier.kwargs.terms=[{name: math}, {name: format, weight: 0.1}]"))
     assert cfg.config.verifier.name == "weighted"
     assert [t["name"] for t in cfg.config.verifier.kwargs.terms] == ["math", "format"]
+
+
+def test_a_group_size_of_one_is_fixed_in_one_round_trip(compose_cfg):
+    """``train.group_size=1`` (issue 27: three round trips): one refusal names the estimators that take it and batch
+    sizes that divide together, and those overrides then pass every check."""
+    msg = _refusal(compose_cfg("train.group_size=1"))
+    assert "estimators that take 1: advantage=gae, advantage=reinforce_pp" in msg
+    fit = "train.mini_batch_size=16 train.micro_batch_size=16"
+    assert f"in a world of 1: {fit}" in msg
+    prepare(compose_cfg("train.group_size=1", "advantage=reinforce_pp", *fit.split()))
+
+
+def test_an_out_of_range_key_does_not_hide_the_batch_and_layout_checks(compose_cfg):
+    """A schema problem elsewhere in ``train`` or ``layout`` leaves the batch arithmetic checked, in the same list."""
+    msg = _refusal(compose_cfg("train.eval_every=-1", "train.mini_batch_size=24", "layout.rollout_gpus=1"))
+    assert "train.eval_every=-1: expected a number >= 0" in msg
+    assert "not divisible by train.mini_batch_size=24" in msg
+    assert "layout.rollout_gpus=1 with layout.mode=colocate" in msg
+
+
+def test_a_missing_data_file_is_listed_with_the_other_problems(compose_cfg, tmp_path):
+    msg = _refusal(compose_cfg("data.source=file", f"data.path={tmp_path}/none.jsonl", "kl.coef=-1"))
+    assert f"data.path={tmp_path}/none.jsonl: data file not found" in msg and "kl.coef=-1.0" in msg
+
+
+def test_an_unreachable_hub_dataset_is_named_briefly(monkeypatch):
+    """``datasets.load_dataset`` offline raises ConnectionError from huggingface_hub's own errors: the HubError names
+    the dataset, HF_HUB_OFFLINE and the local-file alternative."""
+    import datasets
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from core.data.prompts import load_split
+    from core.hub import HubError
+
+    def offline(name, *args, **kwargs):
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)") from \
+            LocalEntryNotFoundError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    data = OmegaConf.merge(OmegaConf.structured(schema.PromptDataConfig), {"source": "hub", "hub_name": "org/set"})
+    with pytest.raises(HubError) as e:
+        load_split(data, "train")
+    msg = str(e.value)
+    assert msg.startswith("data.hub_name=org/set: the dataset could not be read from the Hugging Face Hub")
+    assert "HF_HUB_OFFLINE=1" in msg and "data.source=file data.path=PATH" in msg
+
+
+def test_a_hub_model_that_does_not_exist_is_named_briefly(monkeypatch):
+    """transformers wraps huggingface_hub's RepositoryNotFoundError in an OSError: the HubError names the model id and
+    a local model dir."""
+    import httpx
+    import transformers
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from core.hub import HubError
+    from core.models.loading import load_tokenizer
+
+    def missing(path, *args, **kwargs):
+        response = httpx.Response(404, request=httpx.Request("GET", f"https://huggingface.co/{path}"))
+        try:
+            raise RepositoryNotFoundError("404 Repository Not Found", response=response)
+        except RepositoryNotFoundError as e:
+            raise OSError(f"{path} is not a local folder and is not a valid model identifier") from e
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", missing)
+    with pytest.raises(HubError) as e:
+        load_tokenizer("org/no-such-model")
+    assert str(e.value).startswith("model.name_or_path=org/no-such-model: no model of that id on the Hugging Face Hub")
+    assert "model.name_or_path=DIR (a local model dir" in str(e.value)

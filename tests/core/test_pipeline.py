@@ -75,7 +75,7 @@ def test_every_entry_point_goes_through_the_pipeline(monkeypatch):
     monkeypatch.setattr(checks, "finished", finished)
     tiny = ["recipe=tiny_math_grpo"]
     entry_points = {
-        "python -m recipes.run --cfg job": lambda: run._print_job_config(["--cfg", "job", *tiny]),
+        "python -m recipes.run --cfg job": lambda: run.print_job_config(["--cfg", "job", *tiny]),
         "python -m recipes.run (rl loop)": lambda: run.run(compose(tiny, with_hydra=True)),
         "python -m recipes.run (rm loop)": lambda: run.run(compose(["recipe=tiny_rm"], with_hydra=True)),
         "python -m core.launch": lambda: launch.sbatch_values(tiny),
