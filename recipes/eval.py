@@ -32,6 +32,7 @@ from core.evaluation.estimators import set_metrics  # noqa: E402
 from core.evaluation.sampling import SetResult, add_stop_tokens, generate, score  # noqa: E402
 from core.evaluation.sets import EvalSet, load_set, tokenize_set  # noqa: E402
 from core.paths import CONF_DIR  # noqa: E402
+from core.reporting.console import announced  # noqa: E402
 from core.registry import Registry  # noqa: E402
 from core.reporting.results import append_rows, command_line_overrides, markdown_table, write_summary  # noqa: E402
 
@@ -92,7 +93,10 @@ def main(cfg, out_dir: str | None = None) -> float:
             raise EvalConfigError(f"sets.{s.name}: no problems left (data.max_prompt_chars="
                                   f"{cfg.data.max_prompt_chars}, data.max_prompt_tokens={cfg.data.max_prompt_tokens})")
     write_config(out, cfg)
-    rollout = _rollout(cfg, src, tokenizer, device)
+    log.info("evaluating %s on %s (%s); output dir %s", src.path, ", ".join(f"{s.name}: {len(s.rows)} problems"
+             for s in sets), f"{cfg.eval.samples} sample(s) each", out)
+    with announced(log, f"loading {src.path} ({cfg.rollout.engine})"):
+        rollout = _rollout(cfg, src, tokenizer, device)
     ends = set(add_stop_tokens(rollout, list(cfg.eval.stop_token_ids), len(tokenizer)))
     rows = []
     with open(out / "samples.jsonl", "w", encoding="utf-8") as fh:
@@ -100,12 +104,15 @@ def main(cfg, out_dir: str | None = None) -> float:
             # each set's draws are its own, whichever sets run before it
             seed_everything(int(cfg.seed), bool(cfg.deterministic))
             start = time.perf_counter()
-            res = evaluate_set(cfg, s, rollout, tokenizer, ends)
+            with announced(log, f"{s.name}: {len(s.rows)} problems x {cfg.eval.samples} sample(s)"):
+                res = evaluate_set(cfg, s, rollout, tokenizer, ends)
             fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in res.records)
             rows += result_rows(cfg, src, s, res, out, time.perf_counter() - start)
     append_rows(Path(str(cfg.paths.results_dir)), rows, key=("kind", "eval_dir", "set", "metric"))
     write_summary(out, {"eval_dir": str(out), "rows": rows})
     print(markdown_table(rows, ["recipe", "preset", "set", "metric", "value", "problems", "samples"]))
+    log.info("rows appended to %s; completions in %s", Path(str(cfg.paths.results_dir)) / "runs.jsonl",
+             out / "samples.jsonl")
     return rows[0]["value"]
 
 
@@ -128,7 +135,7 @@ def evaluate_set(cfg, s: EvalSet, rollout, tokenizer, ends: set[int]) -> SetResu
 
     n = int(cfg.eval.samples)
     texts, finish = generate(rollout, tokenizer, s.ids, n, Sampling.from_cfg(cfg.rollout),
-                             int(cfg.rollout.generation_batch_size), ends, list(cfg.eval.stop))
+                             int(cfg.rollout.generation_batch_size), ends, list(cfg.eval.stop), desc=s.name)
     prompts = tokenizer.batch_decode(s.ids)
     return score(s, get_verifier(s.verifier_name), dict(s.cfg.verifier_kwargs), texts, finish, n,
                  float(cfg.eval.pass_reward), prompts)

@@ -276,21 +276,21 @@ def rl_phases(cfg, plan):
 
 
 def _rl_run(cfg, plan):
-    """A :class:`recipes.rl.Run` holding what one micro-step touches: the models as :func:`recipes.rl.load_models`
+    """A :class:`recipes.rl.Run` holding what one micro-step touches: the models as :func:`recipes.rl_models.load_models`
     builds them, on a backend that keeps them whole on the CPU (ZeRO's sharding is counted by :func:`model_states`):
     the policy's and critic's engines (plain torch), the frozen reference, the KL controller."""
     from core.algorithms.kl_control import KLController
     from core.config.schema import ZeroConfig, node
     from core.training.backend import Backend
     from core.training.device import DTYPES
-    from recipes import rl
+    from recipes import rl, rl_models
 
     backend = Backend(node(ZeroConfig, stage=0), torch.device("cpu"), DTYPES[cfg.model.dtype])  # whole, on the CPU
     micro = plan.grad_accum
-    policy, ref, critic = rl.load_models(cfg, plan, model_path(cfg.model), backend)
+    policy, ref, critic = rl_models.load_models(cfg, plan, model_path(cfg.model), backend)
     engine = backend.train_engine(policy, cfg.optim, 1, micro, plan.micro_batch_size)
     if critic is not None:
-        critic = backend.train_engine(critic, rl._critic_optim(cfg), 1, micro, plan.micro_batch_size)
+        critic = backend.train_engine(critic, rl_models.critic_optim(cfg), 1, micro, plan.micro_batch_size)
     return rl.Run(cfg=cfg, plan=plan, run_dir=None, backend=backend, tokenizer=None, data=None, verifier=None,
                   engine=engine, critic=critic, ref=backend.frozen(ref) if ref is not None else None, rollout=None,
                   gen=None, writer=None, kl_ctl=KLController(cfg.kl))

@@ -40,9 +40,8 @@ from core.config.pipeline import prepare, recorded
 from core.config.plan import RLPlan
 from core.config.resume import check_resume_config, write_config
 from core.data import prompts as D
-from core.models.critic import load_critic
-from core.models.loading import for_training, load_causal_lm, load_tokenizer, model_dir
-from core.models.warm_start import warm_started_dir
+from core.models.loading import load_tokenizer, model_dir
+from core.reporting.console import announced, log_step, start_summary
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory
 from core.reporting.results import append_row, command_line_overrides, write_summary
 from core.rollout import Sampling, build_rollout
@@ -52,6 +51,7 @@ from core.training.backend import Backend, FrozenModel, TrainEngine
 from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
 from core.training.device import check_precision, resolve_device
+from recipes.rl_models import critic_optim, policy_start, setup_models
 from recipes.rl_rewards import log_samples, score
 from recipes.rl_update import in_reward_kl, rollout_forwards, update
 from verifiers import get_verifier
@@ -144,7 +144,10 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     plan = plan.for_rows(len(data.train_rows))  # train.epochs: passes over the rows data.max_prompt_tokens kept
     verifier = get_verifier(cfg.verifier.name)
     run_dir, prior = _setup_run_dir(cfg, plan, run_dir)
-    policy, critic, ref = _setup_models(cfg, plan, backend, _warm_start(cfg, path, data, verifier, device))
+    rows = {"training rows": len(data.train_rows), "held-out": len(data.eval_rows)}
+    if distributed.is_main():
+        log.info("%s", start_summary(cfg, plan, run_dir, rows, prior.checkpoint is not None))
+    policy, critic, ref = setup_models(cfg, plan, backend, policy_start(cfg, plan, path, data, verifier, device))
     rollout = build_rollout(cfg.rollout.engine, policy.module, tokenizer, cfg.rollout)
     # the reference onto the device after the rollout engine: a colocated vLLM starts only if the GPU memory it
     # asks for (rollout.vllm.gpu_memory_utilization) is free
@@ -179,50 +182,6 @@ def _setup_run_dir(cfg, plan: RLPlan, run_dir: str | None) -> tuple[Path, PriorR
     return run_dir, prior
 
 
-def _warm_start(cfg, path: str, data: Data, verifier: VerifierFn, device: torch.device) -> str:
-    """The policy's checkpoint: ``path``, or after ``train.warm_start.steps`` of supervised steps on it."""
-    if cfg.train.warm_start.steps == 0:
-        return path
-    answers = [r["answer"] for r in data.train_rows]
-    return str(warm_started_dir(path, cfg.model, cfg.train.warm_start, data.train_ids, answers, device, verifier,
-                                cfg.rollout.max_new_tokens))
-
-
-def _setup_models(cfg, plan: RLPlan, backend: Backend, path: str):
-    """``(policy engine, critic engine or None, reference weights or None)``: every model loaded by the backend, the
-    trained ones in their optimiser engines, the schedule over the run's optimiser steps."""
-    policy, ref, critic = load_models(cfg, plan, path, backend)
-    updates, micro = plan.total_optimizer_steps, cfg.train.micro_batch_size
-    policy = backend.train_engine(policy, cfg.optim, updates, plan.grad_accum, micro)
-    if critic is not None:
-        critic = backend.train_engine(critic, _critic_optim(cfg), updates, plan.grad_accum, micro)
-    return policy, critic, ref
-
-
-def load_models(cfg, plan: RLPlan, path: str, backend: Backend):
-    """``(policy, reference or None, critic or None)`` from ``path``, the models ``plan.models`` names (the reference
-    only when the KL needs one, the critic only for an estimator with values), as the loop trains them (``python -m
-    recipes.probe`` builds them the same way, on a backend that keeps them whole), each built where ``backend``
-    places it (ZeRO-3: partitioned as it loads, the reference under its own ``zero.offload_reference``). Train mode:
-    transformers checkpoints gradients only there, and from_pretrained returns eval mode; the no-grad passes and
-    generation switch to eval and back. The reference stays in eval (``backend.frozen``)."""
-    with backend.placed():
-        policy = for_training(load_causal_lm(path, cfg.model), cfg.train.disable_dropout)
-    with backend.placed(reference=True):
-        ref = load_causal_lm(path, cfg.model) if plan.model("reference") else None  # beta = 0: none at all
-    with backend.placed():
-        critic = (for_training(load_critic(path, cfg.advantage.critic, cfg.model, backend.writable),
-                               cfg.train.disable_dropout) if plan.model("critic") else None)
-    return policy, ref, critic
-
-
-
-def _critic_optim(cfg) -> FrozenConfig:
-    """The policy's optimiser settings with the critic's own learning rate (``advantage.critic.lr``)."""
-    lr = cfg.advantage.critic.lr
-    return FrozenConfig({**cfg.optim, "optimizer": FrozenConfig({**cfg.optim.optimizer, "lr": lr})})
-
-
 def _setup_logging(cfg, run_dir: Path) -> MetricsWriter:
     """``metrics.jsonl`` and ``samples.jsonl`` in the run dir, mirrored to TensorBoard and W&B as ``logger`` says;
     rank 0 writes."""
@@ -246,7 +205,7 @@ def _resume(run: Run, prior: PriorRun) -> None:
     if run.cfg.resume_allow_changes:  # the config's optimiser values, not the checkpoint's
         run.engine.retune(run.cfg.optim.optimizer)
         if run.critic is not None:
-            run.critic.retune(_critic_optim(run.cfg).optimizer)
+            run.critic.retune(critic_optim(run.cfg).optimizer)
     if distributed.is_main():
         write_config(run.run_dir, recorded(run.cfg, run.plan))  # the resumed config: only keys a resume may change
 
@@ -254,7 +213,7 @@ def _resume(run: Run, prior: PriorRun) -> None:
 def train(run: Run) -> None:
     cfg, t, total = run.cfg, run.cfg.train, run.plan.total_steps
     if "eval_before" not in run.history:
-        run.history["eval_before"] = evaluate(run)
+        run.history["eval_before"] = announced_evaluation(run, "before RL")
         run.writer.log(0, {"eval/accuracy": run.history["eval_before"]})
     start = time.perf_counter()
     bar = tqdm(total=total, initial=run.step, desc=run.cfg.recipe_name,
@@ -265,6 +224,8 @@ def train(run: Run) -> None:
         if t.eval_every and run.step % t.eval_every == 0 and run.step < total:
             metrics["eval/accuracy"] = keep_best(run, evaluate(run))
         run.writer.log(run.step, metrics)
+        if distributed.is_main():
+            log_step(log, run.step, total, metrics)
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}",
                         kl=f"{metrics.get('kl', 0.0):.4f}")
         bar.update()
@@ -275,7 +236,7 @@ def train(run: Run) -> None:
                                  "sample_rows": run.writer.sample_rows}, local=run.gen.state())
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
-    run.history["eval_after"] = keep_best(run, evaluate(run))
+    run.history["eval_after"] = keep_best(run, announced_evaluation(run, "after RL"))
     run.writer.log(run.step, {"eval/accuracy": run.history["eval_after"]})
 
 
@@ -359,6 +320,15 @@ def evaluate(run: Run) -> float:
             counts += torch.tensor([float(((scores > 0) & valid).sum()), float(valid.sum())], dtype=torch.float64)
     correct, scored = distributed.all_sum(counts).tolist()
     return correct / scored if scored else float("nan")
+
+
+def announced_evaluation(run: Run, when: str) -> float:
+    """:func:`evaluate`, announced in the log, then its accuracy and time."""
+    n = run.cfg.train.eval_prompts or len(run.data.eval_rows)
+    with announced(log, f"greedy evaluation on {min(n, len(run.data.eval_rows))} held-out prompts ({when})") as said:
+        accuracy = evaluate(run)
+        said.append(f"accuracy {accuracy:.3f}")
+    return accuracy
 
 
 def keep_best(run: Run, accuracy: float) -> float:

@@ -28,10 +28,11 @@ def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = Fal
 
 
 def log_samples(run: Run, rows: list[dict], texts: list[str], raw, valid, finish: list[str]) -> None:
-    """Every ``logger.samples_every`` steps, ``logger.samples`` of this rank's completions, one per prompt
-    group, with prompt, reward and finish reason (``samples.jsonl``, TensorBoard text)."""
+    """At the first and last step and every ``logger.samples_every`` steps (0: never), ``logger.samples`` of this
+    rank's completions, one per prompt group, with prompt, reward and finish reason (``samples.jsonl``, TensorBoard
+    text)."""
     every, step = run.cfg.logger.samples_every, run.step + 1  # the step these rows will be logged as
-    if not every or step % every:
+    if not every or (step % every and step not in (1, run.plan.total_steps)):
         return
     G = run.cfg.train.group_size
     picks = range(0, len(rows), G)[:run.cfg.logger.samples]

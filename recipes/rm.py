@@ -31,6 +31,7 @@ from core.data import preferences as PD
 from core.data.prompts import PromptSampler
 from core.models import reward_model as RM
 from core.models.loading import for_training, load_tokenizer, model_dir
+from core.reporting.console import announced, log_step, start_summary
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory, to_floats
 from core.reporting.results import append_row, command_line_overrides, write_summary
 from core.training import distributed
@@ -108,6 +109,9 @@ def setup(cfg) -> Run:
     tokenizer.padding_side = cfg.train.padding_side
     data = _setup_data(cfg, tokenizer, train_rows, eval_rows, stats)
     plan = prepared.plan.for_rows(len(data.train_pairs))  # again: length filters may have dropped pairs
+    if distributed.is_main():
+        rows = {"training pairs": len(data.train_pairs), "held-out": len(data.eval_pairs)}
+        log.info("%s", start_summary(cfg, plan, run_dir, rows, prior.checkpoint is not None))
     run = Run(cfg=cfg, plan=plan, run_dir=run_dir, backend=backend, tokenizer=tokenizer, data=data,
               engine=_setup_model(cfg, plan, backend, path, tokenizer), writer=_setup_logging(cfg, run_dir))
     _resume(run, prior)
@@ -138,7 +142,7 @@ def _setup_data(cfg, tokenizer, train_rows: list[dict], eval_rows: list[dict], s
 
 def _setup_model(cfg, plan: RMPlan, backend: Backend, path: str, tokenizer) -> TrainEngine:
     """The reward model, built where the backend places it (ZeRO-3: partitioned as it loads), in its engine."""
-    with backend.placed():
+    with announced(log, f"building the reward model from {path}"), backend.placed():
         model = build_model(path, cfg, tokenizer, backend.writable)
     return backend.train_engine(model, cfg.optim, plan.total_steps, plan.grad_accum, cfg.train.micro_batch_size)
 
@@ -181,7 +185,7 @@ def train(run: Run) -> None:
     if "eval_before" not in run.history:
         stats = run.data.stats
         run.writer.log(0, {**stats["train"].as_metrics("train"), **stats["eval"].as_metrics("eval")})
-        run.history["eval_before"] = evaluate(run) if t.eval_before else {}
+        run.history["eval_before"] = announced_evaluation(run, "before training") if t.eval_before else {}
         run.writer.log(0, run.history["eval_before"])
     start = time.perf_counter()
     total = run.plan.total_steps
@@ -193,6 +197,8 @@ def train(run: Run) -> None:
         if t.eval_every and run.step % t.eval_every == 0 and run.step < total:
             metrics.update(evaluate(run))
         run.writer.log(run.step, metrics)
+        if distributed.is_main():
+            log_step(log, run.step, total, metrics)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}")
         bar.update()
         if t.checkpoint_every and run.step % t.checkpoint_every == 0:
@@ -201,7 +207,7 @@ def train(run: Run) -> None:
                                  "metrics_rows": run.writer.rows})
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
-    run.history["eval_after"] = evaluate(run, keep_rewards=True)
+    run.history["eval_after"] = announced_evaluation(run, "after training", keep_rewards=True)
     run.writer.log(run.step, {k: v for k, v in run.history["eval_after"].items() if k != "rewards"})
 
 
@@ -233,6 +239,14 @@ def rm_step(run: Run) -> dict:
         sums = {**to_floats(sums), **engine.step()}
     # this rank's pairs' loss and accuracy: the step's are the mean over ranks (equal shares)
     return {**distributed.mean_metrics({**sums, **timer.pop()}), **peak_memory()}
+
+
+def announced_evaluation(run: Run, when: str, keep_rewards: bool = False) -> dict:
+    """:func:`evaluate`, announced in the log, then its pair accuracy and time."""
+    with announced(log, f"evaluation on {len(run.data.eval_pairs)} held-out pairs ({when})") as said:
+        out = evaluate(run, keep_rewards)
+        said.append(f"pair accuracy {_fmt(out.get('eval/accuracy'))}")
+    return out
 
 
 @torch.no_grad()

@@ -35,9 +35,22 @@ def run(cfg: DictConfig) -> float | None:
     return LOOPS.get(cfg.loop)(prepare(cfg))
 
 
+# Third-party deprecation warnings a run cannot act on, filtered by category and message (every other warning
+# shows): torch 2.13 deprecates the collectives DeepSpeed's ZeRO-3 gathers and reduces call each step
+# (``all_gather_into_tensor``, ``reduce_scatter_tensor``, from torch/distributed/distributed_c10d.py).
+THIRD_PARTY_DEPRECATIONS = ((FutureWarning, r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is "
+                                            r"deprecated"),)
+
+
 def _quiet() -> None:
-    """Keep the console to our own progress bar and summary: no per-load bars or backend banners."""
+    """Keep the console to our own progress bar and summary: no per-load bars, backend banners or
+    :data:`THIRD_PARTY_DEPRECATIONS`."""
+    import warnings
+
     import transformers
+
+    for category, message in THIRD_PARTY_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=category)
     from huggingface_hub.utils import disable_progress_bars
 
     transformers.utils.logging.set_verbosity_error()

@@ -22,7 +22,9 @@ from typing import ClassVar
 from omegaconf import OmegaConf
 
 from core.config.layout import engines, tensor_parallel
+from core.config.scale import command_line_keys
 from core.config.validate import refuse
+from core.config.warm_start import decide
 from core.registry import Registry
 
 
@@ -106,7 +108,8 @@ class RunPlan:
 class RLPlan(RunPlan):
     """One RL step's batch hierarchy, per step and per learner rank, and the run's steps."""
 
-    RECORDED: ClassVar[tuple[tuple[str, str], ...]] = (("train.total_steps", "total_steps"),)
+    RECORDED: ClassVar[tuple[tuple[str, str], ...]] = (("train.total_steps", "total_steps"),
+                                                       ("train.warm_start.enabled", "warm_start"))
 
     prompts_per_step: int
     group_size: int
@@ -121,6 +124,8 @@ class RLPlan(RunPlan):
     optimizer_steps_per_rl_step: int
     logprob_micro_batch_size: int
     epochs: int | None
+    warm_start: bool  # the supervised warm start runs before RL (train.warm_start.enabled resolved)
+    warm_start_why: str  # why it runs or not, in the config's keys (core/config/warm_start.py)
 
     @property
     def optimizer_steps_per_step(self) -> int:
@@ -175,13 +180,15 @@ def rl_plan(cfg) -> RLPlan:
     t, world = cfg.train, cfg.layout.learner_gpus
     samples = t.prompts_per_step * t.group_size
     mini_batches = samples // t.mini_batch_size
+    warm = decide(t.warm_start, command_line_keys())
     return RLPlan(**_common(cfg, _rl_models(cfg)), total_steps=t.total_steps, epochs=t.epochs,
                   prompts_per_step=t.prompts_per_step, group_size=t.group_size, samples_per_step=samples,
                   samples_per_rank=samples // world, mini_batch_size=t.mini_batch_size, mini_batches=mini_batches,
                   mini_batch_per_rank=t.mini_batch_size // world, micro_batch_size=t.micro_batch_size,
                   grad_accum=t.mini_batch_size // (t.micro_batch_size * world), ppo_epochs=t.ppo_epochs,
                   optimizer_steps_per_rl_step=mini_batches * t.ppo_epochs,
-                  logprob_micro_batch_size=t.logprob_micro_batch_size)
+                  logprob_micro_batch_size=t.logprob_micro_batch_size, warm_start=warm.runs,
+                  warm_start_why=warm.why)
 
 
 @PLANS.register("rm")
@@ -209,7 +216,7 @@ def needs_reference(kl) -> bool:
 
 def _rl_models(cfg) -> tuple[Model, ...]:
     """The policy; the frozen reference when the KL needs one; the critic of an estimator with values, from its
-    ``init_from`` checkpoint (a reward model) or the policy's weights (recipes/rl.py ``load_models``)."""
+    ``init_from`` checkpoint (a reward model) or the policy's weights (recipes/rl_models.py ``load_models``)."""
     policy = _source(cfg.model.name_or_path)
     models = [_model(cfg, "policy", policy, trainable=True)]
     if needs_reference(cfg.kl):

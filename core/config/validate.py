@@ -17,6 +17,8 @@ from core.algorithms.advantage import ADVANTAGES
 from core.algorithms.kl_control import KL_CONTROLLERS
 from core.config.checking import check_schema
 from core.config.layout import layout_problems
+from core.config.scale import command_line_keys
+from core.config.warm_start import decide
 from core.errors import InputError
 from core.models.loading import model_source_problem
 from core.rollout import ROLLOUT_ENGINES
@@ -223,10 +225,19 @@ def _check_placement(cfg, errors: list[str], packages: bool = True) -> None:
     """Settings that the device and the sharding cannot honour; the rollout engine's own checks
     (core/rollout/__init__.py)."""
     errors += ROLLOUT_ENGINES.problems(cfg.rollout.engine, cfg, packages=packages)
-    if int(cfg.zero.stage) == 3 and int(cfg.train.warm_start.steps) > 0:
-        errors.append(f"train.warm_start.steps={cfg.train.warm_start.steps} with zero.stage=3: the warm start trains a "
-                      f"full copy of the model in one process before ZeRO-3 shards it; start from a checkpoint that "
-                      f"needs none (train.warm_start.steps=0), or warm-start under zero=none|stage1|stage2")
+
+
+def _check_warm_start(cfg, errors: list[str]) -> None:
+    """A warm start asked for with no steps to run, or one that would run under ZeRO-3 (whether it runs:
+    core/config/warm_start.py, from the keys set on the command line)."""
+    ws = cfg.train.warm_start
+    if ws.enabled is True and int(ws.steps) == 0:
+        errors.append("train.warm_start.enabled=true with train.warm_start.steps=0: no supervised steps to run; set "
+                      "train.warm_start.steps (its budget: it stops earlier at train.warm_start.target_accuracy)")
+    if int(cfg.zero.stage) == 3 and decide(ws, command_line_keys()).runs:
+        errors.append(f"train.warm_start.steps={ws.steps} with zero.stage=3: the warm start trains a full copy of the "
+                      f"model in one process before ZeRO-3 shards it; start from a checkpoint that needs none "
+                      f"(train.warm_start.enabled=false), or warm-start under zero=none|stage1|stage2")
 
 
 # How each loop's batches divide over its ranks (``loop`` -> fn(train cfg, learners) -> problems): the one place
@@ -296,6 +307,7 @@ def rl_problems(cfg, packages: bool = True) -> list[str]:
     _check_kl(cfg, errors)
     _check_loss(cfg, errors)
     _check_placement(cfg, errors, packages)
+    _check_warm_start(cfg, errors)
     _check_verifier(cfg, errors)
     _check_holdout(cfg.data, errors)
     known = cfg.advantage.name in ADVANTAGES

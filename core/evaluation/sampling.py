@@ -45,16 +45,21 @@ def completion_texts(tokenizer, roll, ends: set[int], stop: Sequence[str]) -> tu
 
 
 def generate(rollout, tokenizer, ids: list[list[int]], samples: int, sampling: Sampling, batch: int,
-             ends: set[int], stop: Sequence[str]) -> tuple[list[str], list[str]]:
+             ends: set[int], stop: Sequence[str], desc: str = "") -> tuple[list[str], list[str]]:
     """Texts and finish reasons of ``samples`` completions of every prompt in ``ids``, problem-major; each
-    ``generate`` call holds whole problems, ``batch`` completions at most (0: all at once)."""
+    ``generate`` call holds whole problems, ``batch`` completions at most (0: all at once). A progress bar named
+    ``desc`` counts the problems done, on a terminal only."""
+    from tqdm import tqdm
+
     per_call = max(1, batch // samples) if batch else len(ids)
     texts, finish = [], []
-    for i in range(0, len(ids), per_call):
-        roll = rollout.generate([p for p in ids[i:i + per_call] for _ in range(samples)], sampling)
-        t, f = completion_texts(tokenizer, roll, ends, stop)
-        texts += t
-        finish += f
+    with tqdm(total=len(ids), desc=desc, unit="problem", disable=None, leave=False, dynamic_ncols=True) as bar:
+        for i in range(0, len(ids), per_call):
+            roll = rollout.generate([p for p in ids[i:i + per_call] for _ in range(samples)], sampling)
+            t, f = completion_texts(tokenizer, roll, ends, stop)
+            texts += t
+            finish += f
+            bar.update(min(per_call, len(ids) - i))
     return texts, finish
 
 

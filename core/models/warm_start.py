@@ -12,6 +12,7 @@ everything that determines it, the machine's kernel choice and thread count incl
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from core.models.loading import cached_build, load_causal_lm, load_tokenizer, sa
 from core.models.packing import position_ids
 from core.rollout.batch import Sampling, left_pad
 from core.training.device import fork_rng
+
+log = logging.getLogger(__name__)
 
 
 def sft_batch(pairs: list[tuple[list[int], list[int]]], pad_id: int, device):
@@ -103,6 +106,8 @@ def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]],
                                 ws_cfg.batch_size, rng, tok.pad_token_id)
             acc = greedy_accuracy(model, tok, prompts[-hold:], answers[-hold:], verifier, max_new_tokens)
             rounds.append({"step": len(losses), "accuracy": acc})
+            log.info("warm start: step %d/%d, loss %.4f, held-out training accuracy %.3f (target %s)", len(losses),
+                     ws_cfg.steps, losses[-1], acc, ws_cfg.target_accuracy)
             if acc >= ws_cfg.target_accuracy:
                 break
         save_from_any_rank(model, out)

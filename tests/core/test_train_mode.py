@@ -12,7 +12,7 @@ import transformers.modeling_utils
 from core.models import critic as C
 from core.models import loading
 from core.training import device as D
-from recipes import rl, rm
+from recipes import rl, rl_models, rm
 from tests.core.test_rl_runs import BASE
 
 
@@ -89,8 +89,8 @@ def _with_dropout(load):
 def test_disable_dropout_reaches_the_policy_and_critic(compose_cfg, tmp_path, monkeypatch, disable):
     """``train.disable_dropout`` zeroes the attention dropout that transformers' attention modules read in train
     mode; false keeps the checkpoint's, active in the training forwards."""
-    monkeypatch.setattr(rl, "load_causal_lm", _with_dropout(rl.load_causal_lm))
-    monkeypatch.setattr(rl, "load_critic", _with_dropout(rl.load_critic))
+    monkeypatch.setattr(rl_models, "load_causal_lm", _with_dropout(rl_models.load_causal_lm))
+    monkeypatch.setattr(rl_models, "load_critic", _with_dropout(rl_models.load_critic))
     cfg = compose_cfg(*BASE, "advantage=gae", f"train.disable_dropout={disable}", f"paths.results_dir={tmp_path}")
     run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
     for model in (run.engine.module, run.critic.module):
