@@ -131,14 +131,15 @@ def _rollout(cfg, src: Source, tokenizer, device):
 def evaluate_set(cfg, s: EvalSet, rollout, tokenizer, ends: set[int]) -> SetResult:
     """``eval.samples`` completions of every problem of ``s``, ended at the stops and scored."""
     from core.rollout import Sampling
-    from verifiers import get_verifier
+    from verifiers.correctness import Scorer
 
     n = int(cfg.eval.samples)
     texts, finish = generate(rollout, tokenizer, s.ids, n, Sampling.from_cfg(cfg.rollout),
                              int(cfg.rollout.generation_batch_size), ends, list(cfg.eval.stop), desc=s.name)
     prompts = tokenizer.batch_decode(s.ids)
-    return score(s, get_verifier(s.verifier_name), dict(s.cfg.verifier_kwargs), texts, finish, n,
-                 float(cfg.eval.pass_reward), prompts)
+    scorer = Scorer(s.verifier_name, dict(s.cfg.verifier_kwargs), s.cfg.accuracy_term, f"sets.{s.name}.accuracy_term")
+    bar = cfg.eval.pass_reward
+    return score(s, scorer, texts, finish, n, None if bar is None else float(bar), prompts)
 
 
 def result_rows(cfg, src: Source, s: EvalSet, res: SetResult, out: Path, seconds: float) -> list[dict]:

@@ -52,14 +52,11 @@ from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, loa
                                      save_training_state, seed_everything)
 from core.training.device import check_precision, resolve_device
 from recipes.rl_models import critic_optim, policy_start, setup_models
-from recipes.rl_rewards import log_samples, score
+from recipes.rl_rewards import Scorers, evaluate, log_samples, reward_metrics, score, scorers
 from recipes.rl_update import in_reward_kl, rollout_forwards, update
-from verifiers import get_verifier
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-    from verifiers import VerifierFn
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +83,7 @@ class Run:
     backend: Backend  # device, dtype and ZeRO placement: it loaded the models and built the engines
     tokenizer: PreTrainedTokenizerBase
     data: Data
-    verifier: VerifierFn
+    verifier: Scorers  # the training reward and the evaluation's, each with its accuracy term
     engine: TrainEngine  # the policy's optimiser engine
     critic: TrainEngine | None  # the value model's (advantage.critic), else None
     ref: FrozenModel | None  # the reference policy (kl.reference), else None
@@ -142,12 +139,12 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     tokenizer = load_tokenizer(path)
     data = _setup_data(cfg, tokenizer, train_rows, eval_rows)
     plan = plan.for_rows(len(data.train_rows))  # train.epochs: passes over the rows data.max_prompt_tokens kept
-    verifier = get_verifier(cfg.verifier.name)
+    verifier = scorers(cfg.verifier)
     run_dir, prior = _setup_run_dir(cfg, plan, run_dir)
     rows = {"training rows": len(data.train_rows), "held-out": len(data.eval_rows)}
     if distributed.is_main():
         log.info("%s", start_summary(cfg, plan, run_dir, rows, prior.checkpoint is not None))
-    policy, critic, ref = setup_models(cfg, plan, backend, policy_start(cfg, plan, path, data, verifier, device))
+    policy, critic, ref = setup_models(cfg, plan, backend, policy_start(cfg, plan, path, data, verifier.train, device))
     rollout = build_rollout(cfg.rollout.engine, policy.module, tokenizer, cfg.rollout)
     # the reference onto the device after the rollout engine: a colocated vLLM starts only if the GPU memory it
     # asks for (rollout.vllm.gpu_memory_utilization) is free
@@ -257,9 +254,9 @@ def rl_step(run: Run) -> dict:
         run.gen.start(run.engine, run.step, next_idx, next_prompts, sampling, timer)
     rows = [run.data.train_rows[i] for i in idx]  # this rank's rows, group-major (a group may span ranks)
     with timer.phase("verify"):
-        raw, valid, texts = score(run, roll, rows)  # [N], [N], N
-    stopped = roll.stopped  # [N]
-    log_samples(run, rows, texts, raw, valid, roll.finish_reason)
+        scored = score(run, roll, rows)
+    raw, valid, stopped = scored.raw, scored.valid, roll.stopped  # [N] x3
+    log_samples(run, rows, scored.texts, raw, valid, roll.finish_reason)
     # None rewards per train.shaping.none_reward, then the score-level shaping
     scores, mask = shaping.shape(raw, valid, roll.response_mask, stopped, cfg.rollout.max_new_tokens,
                                  cfg.train.shaping)  # [N], [N, R]
@@ -274,14 +271,11 @@ def rl_step(run: Run) -> dict:
     n_global = roll.input_ids.shape[0] * distributed.world()
     beta = run.kl_ctl.update(kl_metrics.get("kl_reward", upd.get("kl", 0.0)), n_global)
     # the whole step's rows, every rank's, for the logged statistics
-    raw, scores, lengths, stopped = (distributed.gather_rows(x.float()) for x in
-                                     (raw, scores, roll.response_lengths, stopped))
+    scores, lengths, stopped = (distributed.gather_rows(x.float()) for x in (scores, roll.response_lengths, stopped))
     valid = distributed.gather_rows(valid.float()).bool()
     tokens = distributed.all_sum(torch.stack([roll.response_mask.sum(), roll.attention_mask.sum()]).double())
     return {
-        "reward/mean": raw[valid].mean().item(), "reward/std": raw[valid].std().item() if valid.sum() > 1 else 0.0,
-        "reward/shaped_mean": scores[valid].mean().item(),
-        "reward/skipped": int((~valid).sum()), "accuracy": (raw[valid] > 0).float().mean().item(),
+        **reward_metrics(scored), "reward/shaped_mean": scores[valid].mean().item(),
         "length/mean": lengths.mean().item(), "length/max": lengths.max().item(),
         "length/truncated_frac": 1.0 - stopped.float().mean().item(), "kl/beta": beta,
         "tokens/generated": tokens[0].item(), "tokens/total": tokens[1].item(), **kl_metrics, **upd,
@@ -298,28 +292,6 @@ def draw_prompts(run: Run) -> tuple[list[int], list[list[int]]]:
     step_rows = [i for i in run.data.sampler.next() for _ in range(G)]
     idx = step_rows[distributed.own_rows(len(step_rows))]
     return idx, [run.data.train_ids[i] for i in idx]
-
-
-@torch.no_grad()
-def evaluate(run: Run) -> float:
-    """Greedy accuracy on the held-out prompts (``train.eval_prompts`` of them; 0 = all), each rank
-    scoring its share; correct and scored counts are summed over ranks."""
-    data, world = run.data, distributed.world()
-    n = run.cfg.train.eval_prompts or len(data.eval_rows)
-    share = slice(distributed.rank(), n, world)
-    rows, ids = data.eval_rows[:n][share], data.eval_ids[:n][share]
-    counts = torch.zeros(2, dtype=torch.float64)  # [correct, scored]
-    run.gen.push(run.engine, run.step)  # settles a generation in flight first; collective under ZeRO-3
-    with run.engine.gathered(run.rollout.gathers_policy):  # collective under ZeRO-3: every rank enters, rows or not
-        if run.rollout.collective:  # as many prompts as every other rank (so as many synced generate chunks):
-            ids = ids + data.eval_ids[:1] * (-(-n // world) - len(ids))  # stand-ins fill a short share, then go
-        if ids:
-            roll = run.rollout.generate(ids, Sampling.from_cfg(run.cfg.rollout, greedy=True)).head(len(rows))
-        if rows:
-            scores, valid, _ = score(run, roll, rows, evaluation=True)
-            counts += torch.tensor([float(((scores > 0) & valid).sum()), float(valid.sum())], dtype=torch.float64)
-    correct, scored = distributed.all_sum(counts).tolist()
-    return correct / scored if scored else float("nan")
 
 
 def announced_evaluation(run: Run, when: str) -> float:
@@ -361,6 +333,7 @@ def save(run: Run) -> float:
     }
     append_row(Path(cfg.paths.results_dir), row)
     write_summary(run.run_dir, row)
-    log.info("greedy held-out accuracy: before RL %.3f, after RL %.3f (%d steps, %.1f s); run dir %s",
-             h["eval_before"], h["eval_after"], run.step, h["train_seconds"], run.run_dir)
+    log.info("greedy held-out accuracy (correct by %s): before RL %.3f, after RL %.3f (%d steps, %.1f s); run dir %s",
+             run.verifier.eval.accuracy_name, h["eval_before"], h["eval_after"], run.step, h["train_seconds"],
+             run.run_dir)
     return h["eval_after"] if not math.isnan(h["eval_after"]) else 0.0

@@ -1,30 +1,111 @@
-"""The scoring half of an RL step (``recipes/rl.py`` ``rl_step`` and ``evaluate``): completions decoded, read as
-``verifier.text`` says and scored by the verifier (``None``: skipped), and a few of them logged with their rewards.
+"""The scoring half of an RL step (``recipes/rl.py`` ``rl_step``) and the greedy held-out evaluation: completions
+decoded, read as ``verifier.text`` says and scored by the verifier (``None``: skipped), the step's reward metrics
+(accuracy by the correctness term, each weighted term's mean: verifiers/correctness.py), and a few completions
+logged with their rewards.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from core.rollout import RolloutBatch
+from core.rollout import RolloutBatch, Sampling
 from core.rollout.texts import REWARD_TEXTS
-from verifiers import get_verifier
+from core.training import distributed
+from verifiers.correctness import Scorer
 
 if TYPE_CHECKING:
     from recipes.rl import Run
 
 
-def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = False):
-    """Verifier rewards ``[N]``, a validity mask ``[N]`` (False where the verifier said None), on the run's
-    device, and the decoded completions; ``evaluation``: by ``verifier.eval_name`` (with ``eval_kwargs``) when set."""
+class Scorers(NamedTuple):
+    """The training verifier and the greedy evaluation's (``verifier.eval_name``, else the same), each counting
+    accuracy by its correctness term."""
+
+    train: Scorer
+    eval: Scorer
+
+
+def scorers(v) -> Scorers:
+    """``verifier.*`` as scorers; ``verifier.accuracy_term`` names the training reward's accuracy term, and the
+    evaluation's when that is a weighted sum too (checked before any model: core/config/validate.py)."""
+    train = Scorer(v.name, v.kwargs, v.accuracy_term)
+    if not v.eval_name:
+        return Scorers(train, train)
+    term = v.accuracy_term if v.eval_name == "weighted" else None
+    return Scorers(train, Scorer(v.eval_name, v.eval_kwargs, term))
+
+
+@dataclass
+class Scored:
+    """One batch's scores, on the run's device: rewards ``[N]`` (0 where skipped), ``valid [N]`` (False where the
+    verifier said None), ``correct [N]`` by the accuracy term and ``judged [N]`` (it gave a verdict), each weighted
+    term's rewards ``terms [N, T]`` (NaN where None; T = 0 for a plain verifier) named by ``labels``, and the
+    decoded completions."""
+
+    raw: torch.Tensor
+    valid: torch.Tensor
+    correct: torch.Tensor
+    judged: torch.Tensor
+    terms: torch.Tensor
+    labels: list[str]
+    texts: list[str]
+
+
+def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = False) -> Scored:
+    """The batch scored by the run's verifier, or with ``evaluation`` by the evaluation's (``verifier.eval_name``
+    with ``eval_kwargs`` when set)."""
     texts, v = decode_responses(run.tokenizer, roll), run.cfg.verifier
     cols = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-    fn, kwargs = (get_verifier(v.eval_name), v.eval_kwargs) if evaluation and v.eval_name else (run.verifier, v.kwargs)
-    read = REWARD_TEXTS.get(v.text)(run.tokenizer, roll, texts)  # verifier.text: what it reads
-    rewards = fn(read, **cols, **kwargs)
-    valid = torch.tensor([r is not None for r in rewards], device=run.device)
-    return torch.tensor([0.0 if r is None else float(r) for r in rewards], device=run.device), valid, texts
+    scorer = run.verifier.eval if evaluation else run.verifier.train
+    s = scorer(REWARD_TEXTS.get(v.text)(run.tokenizer, roll, texts), **cols)  # verifier.text: what it reads
+    dev, nan = run.device, float("nan")
+
+    def values(xs) -> torch.Tensor:
+        return torch.tensor([nan if x is None else float(x) for x in xs], dtype=torch.float32, device=dev)
+
+    raw, ok = values(s.rewards), s.correct
+    terms = torch.stack([values(s.terms[k]) for k in scorer.labels], 1) if scorer.labels else raw[:, None][:, :0]
+    return Scored(raw.nan_to_num(0.0), ~raw.isnan(), torch.tensor([bool(c) for c in ok], device=dev).float(),
+                  torch.tensor([c is not None for c in ok], device=dev), terms, scorer.labels, texts)
+
+
+def reward_metrics(s: Scored) -> dict[str, float]:
+    """The step's reward statistics over every rank's rows: the verifier's reward (what trains) mean, std and
+    skipped count; ``accuracy``, the share of judged completions its correctness term calls correct; each weighted
+    term's mean over the completions it scored (``rewards/<term>/mean``, TRL's names)."""
+    raw, correct, terms = (distributed.gather_rows(x.float()) for x in (s.raw, s.correct, s.terms))
+    valid, judged = (distributed.gather_rows(x.float()).bool() for x in (s.valid, s.judged))
+    nan = float("nan")
+    return {
+        "reward/mean": raw[valid].mean().item(), "reward/std": raw[valid].std().item() if valid.sum() > 1 else 0.0,
+        "reward/skipped": int((~valid).sum()), "accuracy": correct[judged].mean().item() if judged.any() else nan,
+        **{f"rewards/{k}/mean": terms[:, j].nanmean().item() for j, k in enumerate(s.labels)},
+    }
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> float:
+    """Greedy accuracy on the held-out prompts (``train.eval_prompts`` of them; 0 = all): the share of those the
+    evaluation's correctness term judged that it calls correct; each rank scores its share, and the correct and
+    judged counts are summed over ranks."""
+    data, world = run.data, distributed.world()
+    n = run.cfg.train.eval_prompts or len(data.eval_rows)
+    share = slice(distributed.rank(), n, world)
+    rows, ids = data.eval_rows[:n][share], data.eval_ids[:n][share]
+    counts = torch.zeros(2, dtype=torch.float64)  # [correct, judged]
+    run.gen.push(run.engine, run.step)  # settles a generation in flight first; collective under ZeRO-3
+    with run.engine.gathered(run.rollout.gathers_policy):  # collective under ZeRO-3: every rank enters, rows or not
+        if run.rollout.collective:  # as many prompts as every other rank (so as many synced generate chunks):
+            ids = ids + data.eval_ids[:1] * (-(-n // world) - len(ids))  # stand-ins fill a short share, then go
+        if ids:
+            roll = run.rollout.generate(ids, Sampling.from_cfg(run.cfg.rollout, greedy=True)).head(len(rows))
+        if rows:
+            s = score(run, roll, rows, evaluation=True)
+            counts += torch.tensor([float(s.correct.sum()), float(s.judged.sum())], dtype=torch.float64)
+    correct, judged = distributed.all_sum(counts).tolist()
+    return correct / judged if judged else float("nan")
 
 
 def log_samples(run: Run, rows: list[dict], texts: list[str], raw, valid, finish: list[str]) -> None:

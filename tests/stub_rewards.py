@@ -30,3 +30,12 @@ def first_char_even(completions: list[str], **_) -> list[float]:
     """1.0 where the completion starts with a character of even code point: rewards that differ between the
     samples of one prompt (so pass@k differs from avg@n) and that an evaluation's samples.jsonl records."""
     return [float(bool(c) and ord(c[0]) % 2 == 0) for c in completions]
+
+
+def bonus(completions: list[str], **_) -> list[float]:
+    """1.0 for every completion: a format-style bonus that says nothing about the answer (``correct_above = None``:
+    not a correctness term), so in a weighted sum it lifts every reward above 0."""
+    return [1.0] * len(completions)
+
+
+bonus.correct_above = None

@@ -59,19 +59,24 @@ class ComposedReward:
 
     def __call__(self, completions, finished: Sequence[bool] | None = None, **columns) -> list[float | None]:
         n = len(completions)
-        per_term = []
-        for t in self.terms:
-            vals = get_verifier(t.name)(completions, **{**columns, **t.kwargs})
-            if len(vals) != n:
-                raise RuntimeError(f"verifier {t.name!r} returned {len(vals)} rewards for {n} completions")
-            per_term.append(vals)
-        totals = [self._total(i, per_term) for i in range(n)]
+        totals, per_term = self.score_terms(completions, **columns)
         if self.non_stop_penalty is not None:
             if finished is None or len(finished) != n:
                 raise ValueError("non_stop_penalty needs finished=[bool per completion]")
             totals = [t if done else float(self.non_stop_penalty) for t, done in zip(totals, finished)]
         self._metrics(per_term, totals)
         return totals
+
+    def score_terms(self, completions, **columns) -> tuple[list[float | None], list[list[float | None]]]:
+        """The weighted sums and each term's rewards (``per_term[j][i]``: term ``j`` of completion ``i``), before
+        any penalty."""
+        n, per_term = len(completions), []
+        for t in self.terms:
+            vals = list(get_verifier(t.name)(completions, **{**columns, **t.kwargs}))
+            if len(vals) != n:
+                raise RuntimeError(f"verifier {t.name!r} returned {len(vals)} rewards for {n} completions")
+            per_term.append(vals)
+        return [self._total(i, per_term) for i in range(n)], per_term
 
     def _total(self, i: int, per_term: list) -> float | None:
         vals = [(t.weight, v[i]) for t, v in zip(self.terms, per_term)]

@@ -325,10 +325,10 @@ class VerifierConfig:
     name: str = MISSING  # a registered verifier or ``module:function`` (checked by get_verifier)
     kwargs: Dict[str, Any] = MISSING
     text: str = ck("completion", registered("core.rollout.texts", "REWARD_TEXTS"))  # what the verifier reads
-    # The greedy evaluation's verifier and its kwargs (null: name with kwargs); a reward > 0 counts as correct, so a
-    # sum with format terms names its accuracy term here (Open-R1: math_open_r1).
-    eval_name: Optional[str] = None
+    eval_name: Optional[str] = None  # the greedy evaluation's verifier and its kwargs (null: name with kwargs)
     eval_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # The weighted reward's term that accuracy counts (verifiers/correctness.py); null: its one correctness term.
+    accuracy_term: Optional[str] = None
     tiny: Optional[Dict[str, Any]] = None  # what scale=tiny merges over this node (local stand-ins' options)
 
 

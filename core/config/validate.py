@@ -200,11 +200,14 @@ def _check_loss(cfg, errors: list[str]) -> None:
 
 
 def _check_verifier(cfg, errors: list[str]) -> None:
-    """The verifier and the greedy evaluation's (optional), each with its options (verifiers/__init__.py)."""
+    """The verifier and the greedy evaluation's (optional), each with its options and the term its accuracy counts
+    (``verifier.accuracy_term``; verifiers/correctness.py)."""
     v = cfg.verifier
     for key, kwargs in (("name", "kwargs"), ("eval_name", "eval_kwargs")):
-        if v.get(key):
-            errors += VERIFIERS.problems(v[key], v.get(kwargs) or {}, f"verifier.{key}", f"verifier.{kwargs}")
+        if v.get(key):  # the accuracy term is the training verifier's, and an evaluation's that is a weighted sum
+            term = v.get("accuracy_term") if key == "name" or v[key] == "weighted" else None
+            errors += VERIFIERS.problems(v[key], v.get(kwargs) or {}, f"verifier.{key}", f"verifier.{kwargs}",
+                                         "verifier.accuracy_term", term)
 
 
 def _check_holdout(data, errors: list[str]) -> None:

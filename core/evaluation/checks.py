@@ -136,7 +136,8 @@ def _set_problems(cfg) -> list[str]:
         need = {"file": "path", "hub": "hub_name"}[s.source]
         if not s[need]:
             errors.append(f"sets.{name}.source={s.source} needs sets.{name}.{need}")
-        errors += VERIFIERS.problems(set_verifier(cfg, s), {}, f"sets.{name}.verifier", f"sets.{name}.verifier")
+        errors += VERIFIERS.problems(set_verifier(cfg, s), s.verifier_kwargs, f"sets.{name}.verifier",
+                                     f"sets.{name}.verifier_kwargs", f"sets.{name}.accuracy_term", s.accuracy_term)
     return errors
 
 

@@ -73,18 +73,21 @@ class SetResult:
     records: list[dict] = field(default_factory=list)
 
 
-def score(s: EvalSet, verifier, kwargs: dict, texts: list[str], finish: list[str], samples: int,
-          pass_reward: float, prompts: list[str]) -> SetResult:
-    """Verifier rewards of every completion, and per problem the count of correct ones (reward at least
-    ``pass_reward``). A None reward (the verifier could not score it) is not correct; a problem with no
-    reward but None (an unparseable gold) is skipped, as training's evaluation skips it."""
-    rewards = verifier(texts, **s.verifier_columns(samples), **kwargs)
+def score(s: EvalSet, scorer, texts: list[str], finish: list[str], samples: int, pass_reward: float | None,
+          prompts: list[str]) -> SetResult:
+    """Rewards of every completion (``scorer(texts, **columns)``: verifiers/correctness.py ``Scorer``), and per
+    problem the count of correct ones: by the verifier's correctness term, or with ``pass_reward`` that term's
+    reward at least it. A completion the term could not judge (None) is not correct; a problem with no verdict
+    at all (an unparseable gold) is skipped, as training's evaluation skips it."""
+    scores = scorer(texts, **s.verifier_columns(samples))
+    verdicts = scores.correct if pass_reward is None else \
+        [None if x is None else float(x) >= pass_reward for x in scores.accuracy]
     out = SetResult()
     for i, row in enumerate(s.rows):
         sl = slice(i * samples, (i + 1) * samples)
-        r = [None if x is None else float(x) for x in rewards[sl]]
-        scored = any(x is not None for x in r)
-        correct = sum(x is not None and x >= pass_reward for x in r)
+        r = [None if x is None else float(x) for x in scores.rewards[sl]]
+        scored = any(x is not None for x in verdicts[sl])
+        correct = sum(bool(x) for x in verdicts[sl])
         if scored:
             out.counts.append((samples, correct))
         else:

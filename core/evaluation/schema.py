@@ -34,6 +34,7 @@ class EvalSetConfig:
     gold: str = ck("as_is", registered("core.evaluation.sets", "GOLDS"))  # the gold answer from its column
     verifier: str = "math"  # a registered verifier or module:function (verifiers.get_verifier)
     verifier_kwargs: Dict[str, Any] = field(default_factory=dict)
+    accuracy_term: Optional[str] = None  # a weighted verifier's term that counts correct (null: its correctness term)
     columns: Optional[List[str]] = None  # row columns handed to the verifier besides `answer` (null: all)
 
 
@@ -44,7 +45,9 @@ class EvalConfig:
     sets: List[str] = field(default_factory=list)  # names in `sets`
     samples: int = ck(1, POS)  # completions per problem (n), drawn as repeated prompts
     pass_k: List[int] = field(default_factory=list)  # k of each pass@k reported (sampling only)
-    pass_reward: float = 1.0  # a completion counts as correct when its reward is at least this
+    # null: a completion is correct when its verifier's correctness term says so (verifiers/correctness.py); a
+    # number: when that term's reward is at least this
+    pass_reward: Optional[float] = None
     stop: List[str] = field(default_factory=list)  # a completion ends before the first of these strings
     stop_token_ids: List[int] = field(default_factory=list)  # ... or at the first of these tokens
     verifiers: Dict[str, str] = field(default_factory=dict)  # a set's verifier -> the one this preset uses

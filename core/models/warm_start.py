@@ -56,14 +56,15 @@ def sft_steps(model, opt, pairs, steps: int, batch_size: int, rng: random.Random
 
 def greedy_accuracy(model, tokenizer, prompts: list[list[int]], answers: list[str], verifier,
                     max_new_tokens: int) -> float:
-    """Share of ``prompts`` whose greedy completion the verifier scores above 0."""
+    """Share of ``prompts`` whose greedy completion the verifier calls correct: ``verifier(texts, answer=...)``
+    returns scores whose ``correct`` holds each one's verdict by the correctness term (verifiers/correctness.py)."""
     from core.rollout.hf import HFGenerateRollout
 
     engine = HFGenerateRollout(model, tokenizer, node(RolloutConfig))  # the schema's defaults
     roll = engine.generate(prompts, Sampling(max_new_tokens=max_new_tokens, temperature=0.0))
     ids = roll.response_ids.masked_fill(roll.response_mask == 0, tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)
-    return sum(1 for r in verifier(texts, answer=answers) if r is not None and r > 0) / len(prompts)
+    return sum(1 for ok in verifier(texts, answer=answers).correct if ok) / len(prompts)
 
 
 def warm_start_model_cfg(model_cfg) -> FrozenConfig:
