@@ -1,0 +1,73 @@
+"""The reward-model loop's schemas (recipes/rm.py): preference pairs, the Bradley-Terry loss, LoRA and the loop's
+batches. Part of core/config/schema.py's typed schema (it re-exports them and stores them under ``schema/``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from omegaconf import MISSING
+
+from core.config.ranges import NONNEG, OPT_POS, POS, above, at_least, between, ck, one_of, registered
+
+
+@dataclass
+class PairDataConfig:
+    source: str = ck(MISSING, registered("core.data.preferences", "PAIR_SOURCES"))
+    path: Optional[str] = MISSING
+    hub_name: Optional[str] = MISSING
+    split: str = MISSING
+    eval: str = ck(MISSING, one_of("holdout", "train_head", "source"))
+    eval_fraction: float = ck(MISSING, between(0, 1, hi_open=True))
+    eval_source: str = ck(MISSING, registered("core.data.preferences", "PAIR_SOURCES"))
+    eval_path: Optional[str] = MISSING
+    eval_hub_name: Optional[str] = MISSING
+    eval_split: str = MISSING
+    max_pairs: Optional[int] = ck(MISSING, OPT_POS)
+    eval_max_pairs: Optional[int] = ck(MISSING, OPT_POS)
+    seed: int = ck(MISSING, NONNEG)
+    chosen_key: str = MISSING
+    rejected_key: str = MISSING
+    margin_key: Optional[str] = MISSING
+    apply_chat_template: bool = MISSING
+    append_eos: bool = MISSING
+    eos_separator: str = MISSING
+    add_bos: bool = MISSING
+    force_eos: bool = MISSING
+    too_long: str = ck(MISSING, one_of("drop", "truncate"))
+    bad_rows: str = ck(MISSING, one_of("drop", "error"))
+    generator: Optional[Dict[str, Any]] = None
+    tiny: Optional[Dict[str, Any]] = None
+
+
+@dataclass
+class RMLossConfig:
+    use_margin: bool = False  # data.margin_key subtracted inside the sigmoid (OpenRLHF --margin_loss, TRL margin)
+    center_coef: Optional[float] = ck(None, at_least(0, optional=True))  # + coef x mean((r_c + r_r)^2) (TRL); null: off
+
+
+@dataclass
+class LoraConfig:
+    rank: int = ck(MISSING, NONNEG)  # 0: full fine-tuning
+    alpha: float = ck(MISSING, above(0))
+    dropout: float = ck(MISSING, between(0, 1, hi_open=True))
+    target_modules: Any = MISSING
+
+
+@dataclass
+class RMTrainConfig:
+    batch_size: int = ck(MISSING, POS)
+    micro_batch_size: int = ck(MISSING, POS)
+    epochs: int = ck(MISSING, POS)
+    max_steps: Optional[int] = ck(MISSING, OPT_POS)
+    max_len: int = ck(MISSING, POS)
+    padding_side: str = ck(MISSING, one_of("left", "right"))
+    head_init: str = ck(MISSING, registered("core.models.reward_model", "HEAD_INITS"))
+    disable_dropout: bool = MISSING
+    packing: bool = MISSING
+    loss: RMLossConfig = field(default_factory=RMLossConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    eval_batch_size: int = ck(MISSING, POS)
+    eval_before: bool = MISSING
+    eval_every: int = ck(MISSING, NONNEG)
+    checkpoint_every: int = ck(MISSING, NONNEG)
+    tiny: Optional[Dict[str, Any]] = MISSING
