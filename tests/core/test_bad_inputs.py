@@ -178,30 +178,6 @@ def test_a_local_model_dir_without_a_model_is_refused(compose_cfg, tmp_path):
     prepare(compose_cfg("model.name_or_path=Qwen/Qwen2.5-7B"))  # a hub name is from_pretrained's to judge
 
 
-def test_a_file_without_a_held_out_file_splits_off_the_same_rows_for_every_seed(compose_cfg, tmp_path):
-    """``data.eval_holdout``: rows of the training file held out (a count or a fraction), disjoint from the
-    training rows, the same whichever ``seed`` trains; too many held out is refused naming the key."""
-    path = tmp_path / "mine.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
-    base = ["data.source=file", f"data.path={path}"]
-    cfg = prepare(compose_cfg(*base, "data.eval_holdout=0.25")).config
-    train, held = load_split(cfg.data, "train"), load_split(cfg.data, "eval")
-    assert (len(train), len(held)) == (30, 10)
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
-    other_seed = prepare(compose_cfg(*base, "data.eval_holdout=10", "seed=7")).config
-    assert load_split(other_seed.data, "eval") == held
-    with pytest.raises(DataError, match="data.eval_holdout=40: holds out 40 of the 40 training rows"):
-        load_split(prepare(compose_cfg(*base, "data.eval_holdout=40")).config.data, "eval")
-
-
-def test_weighted_rewards_are_a_group_option_set_without_plus(compose_cfg):
-    """``verifier=weighted`` with its terms typed as a plain override (no ``+``, which a key absent from the config
-    needs), as docs/byo.md writes it."""
-    cfg = prepare(compose_cfg("verifier=weighted", "verifier.kwargs.terms=[{name: math}, {name: format, weight: 0.1}]"))
-    assert cfg.config.verifier.name == "weighted"
-    assert [t["name"] for t in cfg.config.verifier.kwargs.terms] == ["math", "format"]
-
-
 def test_a_group_size_of_one_is_fixed_in_one_round_trip(compose_cfg):
     """``train.group_size=1`` (issue 27: three round trips): one refusal names the estimators that take it and batch
     sizes that divide together, and those overrides then pass every check."""
@@ -231,7 +207,6 @@ def test_an_unreachable_hub_dataset_is_named_briefly(monkeypatch):
     import datasets
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from core.data.prompts import load_split
     from core.hub import HubError
 
     def offline(name, *args, **kwargs):
@@ -269,3 +244,27 @@ def test_a_hub_model_that_does_not_exist_is_named_briefly(monkeypatch):
         load_tokenizer("org/no-such-model")
     assert str(e.value).startswith("model.name_or_path=org/no-such-model: no model of that id on the Hugging Face Hub")
     assert "model.name_or_path=DIR (a local model dir" in str(e.value)
+
+
+def test_a_file_without_a_held_out_file_splits_off_the_same_rows_for_every_seed(compose_cfg, tmp_path):
+    """``data.eval_holdout``: rows of the training file held out (a count or a fraction), disjoint from the
+    training rows, the same whichever ``seed`` trains; too many held out is refused naming the key."""
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(40)))
+    base = ["data.source=file", f"data.path={path}"]
+    cfg = prepare(compose_cfg(*base, "data.eval_holdout=0.25")).config
+    train, held = load_split(cfg.data, "train"), load_split(cfg.data, "eval")
+    assert (len(train), len(held)) == (30, 10)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    other_seed = prepare(compose_cfg(*base, "data.eval_holdout=10", "seed=7")).config
+    assert load_split(other_seed.data, "eval") == held
+    with pytest.raises(DataError, match="data.eval_holdout=40: holds out 40 of the 40 training rows"):
+        load_split(prepare(compose_cfg(*base, "data.eval_holdout=40")).config.data, "eval")
+
+
+def test_weighted_rewards_are_a_group_option_set_without_plus(compose_cfg):
+    """``verifier=weighted`` with its terms typed as a plain override (no ``+``, which a key absent from the config
+    needs), as docs/byo.md writes it."""
+    cfg = prepare(compose_cfg("verifier=weighted", "verifier.kwargs.terms=[{name: math}, {name: format, weight: 0.1}]"))
+    assert cfg.config.verifier.name == "weighted"
+    assert [t["name"] for t in cfg.config.verifier.kwargs.terms] == ["math", "format"]
