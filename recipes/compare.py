@@ -52,7 +52,9 @@ def plot(groups: list[dict], out: Path, metrics: list[str] | None, band: str, sm
          sweep: str = "") -> list[Path]:
     """One figure per loop kind among ``groups`` (RL and reward-model runs never share a panel), written to
     ``out`` (to ``out``'s stem + ``.<loop>.png`` for each when there are several)."""
-    loops = list(dict.fromkeys(g["loop"] for g in groups if g["runs"]))
+    loops = list(dict.fromkeys(g["loop"] for g in groups if g["runs"] and g["loop"]))
+    if not loops:
+        raise InputError("--plot: no run shown has a config.yaml saying its loop (rl or rm) to draw")
     paths = []
     for loop in loops:
         gs = [g for g in groups if g["runs"] and g["loop"] == loop]

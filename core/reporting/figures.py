@@ -186,6 +186,9 @@ def figure(groups: list[dict], loop: str, metrics: list[str] | None = None, band
     if metrics:
         check_metrics(metrics, logged, loop)
     metrics = metrics or [m for m in DEFAULT_METRICS.get(loop, []) if m in logged]
+    if not metrics:
+        raise InputError(f"the {loop} runs shown logged none of the default metrics; name some with --metrics "
+                         f"(they log {', '.join(sorted(logged)) or 'nothing: no metrics.jsonl'})")
     ncols = min(3, len(metrics))
     nrows = -(-len(metrics) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.1 * nrows + 0.9), constrained_layout=True,
