@@ -178,7 +178,7 @@ def test_a_figure_has_labelled_axes_seed_bands_counts_and_the_held_out_curve(tmp
     assert len(axes[2].lines) == 4  # smoothed mean over the faint unsmoothed mean, per group
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert texts == ["kl.coef=0.0  (n=2 seeds)", "kl.coef=0.04  (n=2 seeds)", "min to max over seeds",
-                     "unsmoothed mean (lines: EMA 0.5; held-out curves unsmoothed)"]
+                     "unsmoothed mean (bold: EMA 0.5; held-out never smoothed)"]
     plt.close(fig)
     with pytest.raises(InputError, match="--metrics nope: not logged by the rl runs shown; they log accuracy"):
         figure(groups, "rl", metrics=["nope"])
