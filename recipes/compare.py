@@ -125,8 +125,10 @@ def main(argv: list[str] | None = None) -> str:
     if args.plot:
         drawn, name = select_sweep(latest_rows(rows), args.sweep or "latest")
         metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
-        for path in plot(group(drawn), Path(args.plot), metrics, args.band, args.smooth, name):
-            print(f"curves: {path}")
+        drawn_groups = group(drawn)
+        runs = sum(len(g["runs"]) for g in drawn_groups)
+        for path in plot(drawn_groups, Path(args.plot), metrics, args.band, args.smooth, name):
+            print(f"curves: {path} ({f'sweep {name}' if name else 'all sweeps'}, {runs} runs; --sweep picks others)")
     return out
 
 
