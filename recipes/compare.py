@@ -52,7 +52,9 @@ def plot(groups: list[dict], out: Path, metrics: list[str] | None, band: str, sm
          sweep: str = "") -> list[Path]:
     """One figure per loop kind among ``groups`` (RL and reward-model runs never share a panel), written to
     ``out`` (to ``out``'s stem + ``.<loop>.png`` for each when there are several)."""
-    loops = list(dict.fromkeys(g["loop"] for g in groups if g["runs"]))
+    loops = list(dict.fromkeys(g["loop"] for g in groups if g["runs"] and g["loop"]))
+    if not loops:
+        raise InputError("--plot: no run shown has a config.yaml saying its loop (rl or rm) to draw")
     paths = []
     for loop in loops:
         gs = [g for g in groups if g["runs"] and g["loop"] == loop]
@@ -123,8 +125,10 @@ def main(argv: list[str] | None = None) -> str:
     if args.plot:
         drawn, name = select_sweep(latest_rows(rows), args.sweep or "latest")
         metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else None
-        for path in plot(group(drawn), Path(args.plot), metrics, args.band, args.smooth, name):
-            print(f"curves: {path}")
+        drawn_groups = group(drawn)
+        runs = sum(len(g["runs"]) for g in drawn_groups)
+        for path in plot(drawn_groups, Path(args.plot), metrics, args.band, args.smooth, name):
+            print(f"curves: {path} ({f'sweep {name}' if name else 'all sweeps'}, {runs} runs; --sweep picks others)")
     return out
 
 

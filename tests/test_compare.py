@@ -178,7 +178,7 @@ def test_a_figure_has_labelled_axes_seed_bands_counts_and_the_held_out_curve(tmp
     assert len(axes[2].lines) == 4  # smoothed mean over the faint unsmoothed mean, per group
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert texts == ["kl.coef=0.0  (n=2 seeds)", "kl.coef=0.04  (n=2 seeds)", "min to max over seeds",
-                     "unsmoothed mean (lines: EMA 0.5; held-out curves unsmoothed)"]
+                     "unsmoothed mean (bold: EMA 0.5; held-out never smoothed)"]
     plt.close(fig)
     with pytest.raises(InputError, match="--metrics nope: not logged by the rl runs shown; they log accuracy"):
         figure(groups, "rl", metrics=["nope"])
@@ -232,3 +232,16 @@ def test_compare_of_real_runs_end_to_end(real, tmp_path):
     kept = [r["eval_after"] for r in trained if r["run_dir"] == str(real / "run") or r["seed"] == 1]
     assert float(after["mean"]) == pytest.approx(sum(kept) / 2) and int(after["n"]) == 2
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_metric_no_run_logged_is_refused_by_name_without_a_traceback(tmp_path, monkeypatch):
+    from recipes.compare import cli
+
+    results_dir = _table(tmp_path, _sweeps(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["compare", "--results-dir", results_dir, "--plot", str(tmp_path / "c.png"),
+                                      "--metrics", "eval/accuracy,rewards/math/mean"])
+    with pytest.raises(SystemExit) as e:
+        cli()
+    assert str(e.value).startswith("InputError: --metrics rewards/math/mean: not logged by the rl runs shown; they "
+                                   "log accuracy, entropy, eval/accuracy, kl, length/mean, loss, reward/mean")
+    assert not (tmp_path / "c.png").exists() and not (tmp_path / "c.rl.png").exists()

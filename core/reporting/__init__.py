@@ -1,1 +1,2 @@
-"""Reporting: per-step metrics (``metrics.jsonl``, TensorBoard) and the results table (``logger`` group)."""
+"""Reporting: per-step metrics (``metrics.jsonl``, TensorBoard), the results table (``logger`` group), and the
+comparison of finished runs: tables (``comparison``) and report figures (``figures``) for ``recipes.compare``."""

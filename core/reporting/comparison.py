@@ -46,11 +46,16 @@ def _flat(node, prefix: str = "") -> dict:
     return {prefix[:-1]: json.dumps(node, sort_keys=True) if isinstance(node, (list, dict)) else node}
 
 
-@lru_cache(maxsize=None)
 def run_info(run_dir: str) -> dict:
     """What a run dir says of its run: ``config`` (its flat ``config.yaml`` less the keys that never count),
     ``choices`` (Hydra's group choices, ``.hydra/hydra.yaml``), ``loop`` (rl or rm), ``scale`` and ``sweep``
-    (the multirun's dir for a job of one, else the run dir itself)."""
+    (the multirun's dir for a job of one, else the run dir itself). Read once per version of ``config.yaml``."""
+    config = Path(run_dir or ".") / "config.yaml"
+    return _run_info(run_dir, config.stat().st_mtime_ns if config.exists() else 0)
+
+
+@lru_cache(maxsize=None)
+def _run_info(run_dir: str, _version: int) -> dict:
     path = Path(run_dir or ".")
     raw = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
     hydra_file = path / ".hydra" / "hydra.yaml"
@@ -172,7 +177,7 @@ def eval_results(g: dict) -> list[dict]:
                     "problems": r.get("problems"), "max_new_tokens": r.get("max_new_tokens"),
                     "sampling": sampling(r), "verifier": r.get("verifier")}
         by_settings[json.dumps(settings, default=str)].append(r)
-    return [{**json.loads(k), "seeds": " ".join(str(r.get("seed")) for r in rs),
+    return [{**json.loads(k), "seeds": " ".join(str(r.get("seed")) for r in rs if r.get("seed") is not None),
              **stats([float(r["value"]) for r in rs if _number(r.get("value"))])} for k, rs in by_settings.items()]
 
 

@@ -146,23 +146,24 @@ def group_labels(groups: list[dict]) -> list[str]:
     return out
 
 
-def _panel(ax, groups: list[dict], curves: list[list[dict]], metric: str, band: str, smooth: float) -> bool:
-    """Draw one metric's lines and bands; whether any group had the metric."""
+def _panel(ax, groups: list[dict], curves: list[list[dict]], metric: str, band: str, smooth: float) -> list[int]:
+    """Draw one metric's lines and bands; the indices of the groups that did not log it."""
     held = metric.startswith("eval/")
-    drawn = False
+    missing = []
     for i, (g, runs) in enumerate(zip(groups, curves)):
         steps, mean, lo, hi = seed_band([c.get(metric, {}) for c in runs], band, 0.0 if held else smooth)
         if not steps:
+            missing.append(i)
             continue
-        drawn, color = True, f"C{i % 10}"
+        color = f"C{i % 10}"
         if smooth and not held:  # the unsmoothed mean, faint, under its smoothed line
-            ax.plot(steps, seed_band([c.get(metric, {}) for c in runs], "none")[1], color=color, lw=0.7, alpha=0.3)
+            ax.plot(steps, seed_band([c.get(metric, {}) for c in runs], "none")[1], color=color, lw=0.6, alpha=0.25)
         ax.plot(steps, mean, color=color, lw=1.6, marker="o" if held or len(steps) < 12 else None, ms=3.5)
         if lo != mean:
             if metric in FRACTIONS:
                 lo, hi = [max(0.0, v) for v in lo], [min(1.0, v) for v in hi]
             ax.fill_between(steps, lo, hi, color=color, alpha=0.18, lw=0)
-    return drawn
+    return missing
 
 
 def figure(groups: list[dict], loop: str, metrics: list[str] | None = None, band: str = "std",
@@ -186,12 +187,19 @@ def figure(groups: list[dict], loop: str, metrics: list[str] | None = None, band
     if metrics:
         check_metrics(metrics, logged, loop)
     metrics = metrics or [m for m in DEFAULT_METRICS.get(loop, []) if m in logged]
-    ncols = min(3, len(metrics))
+    if not metrics:
+        raise InputError(f"the {loop} runs shown logged none of the default metrics; name some with --metrics "
+                         f"(they log {', '.join(sorted(logged)) or 'nothing: no metrics.jsonl'})")
+    ncols = {1: 1, 2: 2, 4: 2}.get(len(metrics), 3)  # no empty panel for 4
     nrows = -(-len(metrics) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.1 * nrows + 0.9), constrained_layout=True,
                              squeeze=False)
+    labels = group_labels(groups)
     for k, (ax, metric) in enumerate(zip(axes.flat, metrics)):
-        _panel(ax, groups, curves, metric, band, smooth)
+        missing = _panel(ax, groups, curves, metric, band, smooth)
+        if missing:  # say so, rather than leave a reader to look for the line (kl with kl.coef=0: no reference)
+            ax.text(0.98, 0.02, "not logged: " + "; ".join(labels[i].split("  (n=")[0] for i in missing),
+                    transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="0.35")
         name, ylabel = label(loop, metric)
         ax.set_title(name, fontsize=10)
         ax.set_ylabel(ylabel, fontsize=9)
@@ -204,13 +212,12 @@ def figure(groups: list[dict], loop: str, metrics: list[str] | None = None, band
     for ax in list(axes.flat)[len(metrics):]:
         ax.set_visible(False)
     handles = [Line2D([], [], color=f"C{i % 10}", lw=2) for i in range(len(groups))]
-    labels = group_labels(groups)
     if band != "none" and any(len(g["runs"]) > 1 for g in groups):
         handles.append(Patch(color="0.5", alpha=0.3))
         labels.append("mean ± 1 std over seeds" if band == "std" else "min to max over seeds")
     if smooth:
         handles.append(Line2D([], [], color="0.5", lw=0.7, alpha=0.5))
-        labels.append(f"unsmoothed mean (lines: EMA {smooth:g}; held-out curves unsmoothed)")
+        labels.append(f"unsmoothed mean (bold: EMA {smooth:g}; held-out never smoothed)")
     fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)), fontsize=8.5, frameon=False)
     if title:
         fig.suptitle(title, fontsize=11)
