@@ -65,10 +65,10 @@ def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = Fal
     def values(xs) -> torch.Tensor:
         return torch.tensor([nan if x is None else float(x) for x in xs], dtype=torch.float32, device=dev)
 
-    raw, ok = values(s.rewards), s.correct
-    terms = torch.stack([values(s.terms[k]) for k in scorer.labels], 1) if scorer.labels else raw[:, None][:, :0]
+    raw, ok, labels = values(s.rewards), s.correct, list(s.terms)
+    terms = torch.stack([values(s.terms[k]) for k in labels], 1) if labels else raw[:, None][:, :0]  # [N, T]
     return Scored(raw.nan_to_num(0.0), ~raw.isnan(), torch.tensor([bool(c) for c in ok], device=dev).float(),
-                  torch.tensor([c is not None for c in ok], device=dev), terms, scorer.labels, texts)
+                  torch.tensor([c is not None for c in ok], device=dev), terms, labels, texts)
 
 
 def reward_metrics(s: Scored) -> dict[str, float]:

@@ -208,7 +208,7 @@ def test_every_rank_generates_as_many_eval_prompts_when_generate_is_collective(m
     from contextlib import nullcontext
     from types import SimpleNamespace
 
-    from recipes import rl
+    from recipes import rl, rl_rewards
     from tests.helpers import group_option
     from core.training import distributed
 
@@ -216,8 +216,9 @@ def test_every_rank_generates_as_many_eval_prompts_when_generate_is_collective(m
     monkeypatch.setattr(distributed, "rank", lambda: rank)
     monkeypatch.setattr(distributed, "all_sum", lambda x: x)
     seen = []
-    monkeypatch.setattr(rl, "score", lambda run, roll, rows, evaluation: seen.append(roll.input_ids[:, :1].tolist())
-                        or (torch.ones(len(rows)), torch.ones(len(rows), dtype=torch.bool), None))
+    monkeypatch.setattr(rl_rewards, "score", lambda run, roll, rows, evaluation: seen.append(
+        roll.input_ids[:, :1].tolist()) or SimpleNamespace(correct=torch.ones(len(rows)),
+                                                           judged=torch.ones(len(rows), dtype=torch.bool)))
     rollout = _ChunkedCollective()
     data = SimpleNamespace(eval_rows=[{"i": i} for i in range(3)], eval_ids=[[10], [11], [12]])
     run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(eval_prompts=0), rollout=group_option("rollout/hf")),

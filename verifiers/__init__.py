@@ -42,7 +42,7 @@ def kwargs_problems(name: str, kwargs: Mapping, key: str, kwargs_key: str, accur
     found = [] if any(p.kind is p.VAR_KEYWORD for p in params.values()) else \
         [f"{kwargs_key}.{k}: verifier {name} takes no {k!r} (it takes {', '.join(params)})"
          for k in kwargs or {} if k not in params]
-    if accuracy_key and not found:
+    if accuracy_key and not found and not _unset(kwargs, "terms"):  # a required ??? is the schema check's to report
         from verifiers.correctness import accuracy_term as resolve
 
         try:
@@ -50,6 +50,13 @@ def kwargs_problems(name: str, kwargs: Mapping, key: str, kwargs_key: str, accur
         except (KeyError, TypeError, ValueError) as e:
             found.append(str(e.args[0] if e.args else e))
     return found
+
+
+def _unset(kwargs: Mapping, key: str) -> bool:
+    """``key`` of a config node left ``???`` (required, not given)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    return isinstance(kwargs, DictConfig) and key in kwargs.keys() and OmegaConf.is_missing(kwargs, key)
 
 
 VERIFIERS: Registry[VerifierFn] = Registry("verifier", check=kwargs_problems, paths=True)

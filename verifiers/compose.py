@@ -30,13 +30,13 @@ class Term:
         get_verifier(self.name)  # unknown names fail here, listing the registered ones
 
 
-def _as_term(spec: Any) -> Term:
+def as_term(spec: Any) -> Term:
     if isinstance(spec, Term):
         return spec
     if isinstance(spec, str):
         return Term(spec)
-    if isinstance(spec, dict):
-        return Term(**spec)
+    if isinstance(spec, Mapping):  # a dict, or a config node (an evaluation set's verifier_kwargs)
+        return Term(**dict(spec))
     if isinstance(spec, (tuple, list)) and len(spec) in (2, 3):
         return Term(*spec)
     raise TypeError(f"a reward term is a name, (name, weight[, kwargs]), a dict or a Term; got {spec!r}")
@@ -51,7 +51,7 @@ class ComposedReward:
     """
 
     def __init__(self, terms: Sequence[Any], non_stop_penalty: float | None = None):
-        self.terms = [_as_term(t) for t in terms]
+        self.terms = [as_term(t) for t in terms]
         if not self.terms:
             raise ValueError("ComposedReward needs at least one term")
         self.non_stop_penalty = non_stop_penalty

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from verifiers import VERIFIERS, get_verifier
-from verifiers.compose import ComposedReward, Term, _as_term, weighted
+from verifiers.compose import ComposedReward, Term, as_term, weighted
 
 ACCURACY_KEY = "verifier.accuracy_term"
 
@@ -51,7 +51,7 @@ def weighted_terms(name: str, kwargs: Mapping | None) -> list[Term] | None:
     """The terms of a ``weighted`` verifier (``kwargs.terms``); None for any other verifier."""
     if get_verifier(name) is not weighted:
         return None
-    return [_as_term(dict(t) if isinstance(t, Mapping) else t) for t in (kwargs or {}).get("terms") or ()]
+    return [as_term(t) for t in (kwargs or {}).get("terms") or ()]
 
 
 def term_labels(terms: Sequence[Term]) -> list[str]:

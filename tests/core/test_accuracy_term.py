@@ -65,6 +65,8 @@ def test_a_weighted_reward_with_a_bonus_reports_accuracy_from_its_correctness_te
      f"verifier.accuracy_term=null: the weighted reward of {PARITY}, math has several correctness terms"),
     (["verifier.name=weighted", _terms(("math", 1.0), (BONUS, 0.1)), "verifier.accuracy_term=format"],
      f"verifier.accuracy_term='format': not a term of this weighted reward; its terms: math, {BONUS}"),
+    (["verifier=weighted", "verifier.kwargs.terms=[{name: format}, {name: tag_count, weight: 0.1}]"],
+     "verifier.accuracy_term=null: the weighted reward of format, tag_count has no correctness term"),
     (["verifier.name=format"], "verifier.accuracy_term=null: verifier format is a format reward"),
     (["verifier.accuracy_term=format"], "verifier.accuracy_term='format': verifier math is not a weighted sum"),
 ])
@@ -72,6 +74,12 @@ def test_a_reward_without_one_accuracy_term_is_refused_naming_the_key(compose_cf
     with pytest.raises(ConfigError) as e:
         prepare(compose_cfg("scale=tiny", *overrides), world=1)
     assert message in str(e.value)
+
+
+def test_unset_terms_are_reported_once(compose_cfg):
+    with pytest.raises(ConfigError) as e:
+        prepare(compose_cfg("scale=tiny", "verifier=weighted"), world=1)
+    assert "verifier.kwargs.terms: required and not set" in str(e.value) and "accuracy_term" not in str(e.value)
 
 
 def test_a_named_term_or_a_repeated_one_resolves():

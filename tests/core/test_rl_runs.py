@@ -5,6 +5,7 @@ each); one run goes through the real CLI in a subprocess.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -142,11 +143,18 @@ def test_none_rewards_through_a_step(compose_cfg, tmp_path, policy):
     """A verifier that cannot score some samples (None) trains under every ``none_reward`` policy."""
     cfg = compose_cfg(*BASE, f"train.shaping.none_reward={policy}", f"paths.results_dir={tmp_path}")
     run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
-    verify = run.verifier
-    run.verifier = lambda texts, **kw: [None if i % 3 == 0 else r for i, r in enumerate(verify(texts, **kw))]
+    verify = run.verifier.train
+
+    def some_none(texts, **kw):
+        s = verify(texts, **kw)
+        rewards = [None if i % 3 == 0 else r for i, r in enumerate(s.rewards)]
+        return dataclasses.replace(s, rewards=rewards, accuracy=rewards)
+
+    run.verifier = run.verifier._replace(train=some_none)
     m = rl.rl_step(run)
     n = int(run.cfg.train.prompts_per_step) * int(run.cfg.train.group_size)
     assert m["reward/skipped"] == len(range(0, n, 3))
+    assert math.isfinite(m["accuracy"])  # over the completions the verifier judged
     assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
 
 
