@@ -276,9 +276,10 @@ def rl_phases(cfg, plan):
 
 
 def _rl_run(cfg, plan):
-    """A :class:`recipes.rl.Run` holding what one micro-step touches: the models as :func:`recipes.rl_models.load_models`
-    builds them, on a backend that keeps them whole on the CPU (ZeRO's sharding is counted by :func:`model_states`):
-    the policy's and critic's engines (plain torch), the frozen reference, the KL controller."""
+    """A :class:`recipes.rl.Run` holding what one micro-step touches: the models as
+    :func:`recipes.rl_models.load_models` builds them, on a backend that keeps them whole on the CPU (ZeRO's sharding
+    is counted by :func:`model_states`): the policy's and critic's engines (plain torch), the frozen reference, the
+    KL controller."""
     from core.algorithms.kl_control import KLController
     from core.config.schema import ZeroConfig, node
     from core.training.backend import Backend

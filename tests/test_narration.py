@@ -90,6 +90,22 @@ def test_auto_warm_starts_only_the_recipes_own_model_and_data(keys, runs):
     assert not decide(type("WS", (), {**ws, "steps": 0}), ()).runs
 
 
+def test_whether_the_warm_start_runs_is_not_part_of_its_cache_key(monkeypatch):
+    """auto and true build the same start, and the starts cached before ``enabled`` existed stay valid."""
+    import torch
+
+    from core.config.frozen import FrozenConfig
+    from core.models import warm_start
+
+    monkeypatch.setattr(warm_start, "cached_build", lambda kind, key, build: key)
+    ws = {"steps": 5, "eval_every": 1, "target_accuracy": 0.3, "holdout": 1, "batch_size": 2, "lr": 1e-3, "seed": 0,
+          "target": "{answer}"}
+    keys = [warm_start.warm_started_dir("m", None, FrozenConfig({**ws, **extra}), [[1], [2]], ["1", "2"],
+                                        torch.device("cpu"), None, 4)
+            for extra in ({}, {"enabled": "auto"}, {"enabled": True})]
+    assert keys[0] == keys[1] == keys[2] and "enabled" not in keys[0]["ws"]
+
+
 def test_warm_start_checks_follow_whether_it_runs():
     """ZeRO-3 refuses a warm start that would run, not one that auto leaves off; enabled=true needs steps."""
     from core.config.pipeline import prepare
@@ -140,7 +156,8 @@ def test_eval_names_its_output_dir_and_announces_each_set(tmp_path, shared_data)
     model, tok = tiny_model()
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
-    cmd = [sys.executable, "-m", "recipes.eval", f"paths.results_dir={tmp_path}/results", f"hydra.run.dir={tmp_path}/ev",
+    cmd = [sys.executable, "-m", "recipes.eval", f"paths.results_dir={tmp_path}/results",
+           f"hydra.run.dir={tmp_path}/ev",
            f"model.name_or_path={tmp_path}/model", "eval.limit=2", "rollout.max_new_tokens=4",
            f"paths.data_dir={shared_data}"]
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=CLI_ENV, capture_output=True, text=True, timeout=300)

@@ -320,7 +320,7 @@ class ShapingConfig:
 
 @dataclass
 class WarmStartConfig:
-    enabled: Any = ck(MISSING, BOOL_OR_AUTO)  # auto: on the recipe's own model and data only (core/config/warm_start.py)
+    enabled: Any = ck(MISSING, BOOL_OR_AUTO)  # auto: only on the recipe's own model and data (config/warm_start.py)
     steps: int = ck(MISSING, NONNEG)  # 0: none
     eval_every: int = ck(MISSING, POS)
     target_accuracy: float = ck(MISSING, between(0, 1))

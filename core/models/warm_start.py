@@ -87,8 +87,10 @@ def warm_started_dir(base_dir: str, model_cfg, ws_cfg, prompts: list[list[int]],
     hold = ws_cfg.holdout
     if hold >= len(prompts):
         raise ValueError(f"train.warm_start.holdout={hold} leaves no training rows of {len(prompts)}")
-    # thread count, kernel choice and device set the float rounding that the outcome depends on
-    key = {"base": base_dir, "ws": dict(ws_cfg), "n": len(prompts), "data": [prompts[:50], answers[:50]],
+    # thread count, kernel choice and device set the float rounding that the outcome depends on; ``enabled`` says
+    # whether it runs, not what it builds (auto and true share an entry, and those built before the key stay valid)
+    ws = {k: v for k, v in ws_cfg.items() if k != "enabled"}
+    key = {"base": base_dir, "ws": ws, "n": len(prompts), "data": [prompts[:50], answers[:50]],
            "threads": torch.get_num_threads(), "cpu": torch.backends.cpu.get_cpu_capability(), "device": device.type,
            "max_new_tokens": max_new_tokens}
 
