@@ -62,7 +62,7 @@ COMMAND_LINE_ONLY = {
     "verifiers:VERIFIERS": {"code_cpp", "code_mbpp_fraction", "cosine", "gsm8k_numeric", "reasoning_steps",
                             "repetition_penalty", "soft_overlong_punishment"},
 }
-SCHEMAS = ("core.config.schema", "core.evaluation.schema")
+SCHEMAS = ("core.config.schema", "core.config.schema_rm", "core.evaluation.schema")
 
 
 def _module(path: Path) -> str:
