@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from core.paths import DEFAULT_RESULTS_DIR
-from core.reporting.results import markdown_table, read_rows
+from core.reporting.results import latest_rows, markdown_table, read_rows
 
 # Config keys that never make two runs different experiments (the scale's own settings count through its name:
 # ``scale.name`` is kept, and what the scale changes shows in the keys it changed).
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--csv", default=None, help="also write the comparison as CSV to this file")
     ap.add_argument("--plot", default=None, help="also draw the runs' training curves into this PNG")
     args = ap.parse_args(argv)
-    rows = read_rows(Path(args.results_dir))
+    rows = latest_rows(read_rows(Path(args.results_dir)))  # an extended run once
     if args.recipe:
         rows = [r for r in rows if r.get("recipe") == args.recipe]
     if args.last:

@@ -6,13 +6,20 @@ another config than ``config.yaml`` records (a new learning rate, say, while the
 the old schedule). So a resume whose config differs from the saved one outside :data:`RESUMABLE` is
 refused, before any model is built, with every difference listed; ``config.yaml`` is rewritten only once
 the resume has loaded its checkpoint.
+
+Resuming from the command line (``python -m recipes.run hydra.run.dir=<dir> resume=auto``) starts from the saved
+config, not from the defaults: :func:`saved_base` (core/config/pipeline.py ``prepare``) takes every key of
+``config.yaml`` except those typed on this command line, so a resume typed as the README says continues the run as it
+was started (its steps, checkpointing, ``kl.coef=0``) and only what is typed now is checked against it.
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 from pathlib import Path
+from typing import Sequence
 
 import yaml
 from omegaconf import OmegaConf
@@ -38,6 +45,43 @@ def write_config(run_dir: Path, cfg) -> None:
     node = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(json.loads(json.dumps(cfg)))
     tmp.write_text(OmegaConf.to_yaml(node, resolve=True))
     os.replace(tmp, run_dir / "config.yaml")
+
+
+_ABSENT = object()
+# A group chosen on the command line whose keys land elsewhere than under its own name (a ``_global_`` package).
+_GROUP_KEYS = {"recipe": ("recipe_name",)}
+
+
+def saved_base(cfg, typed: Sequence[str], run_dir: Path | None):
+    """``cfg`` (composed, scaled) with every key of ``run_dir/config.yaml`` that ``typed`` (the keys or groups set on
+    this command line, core/config/scale.py ``command_line_keys``) does not name set to its saved value, when ``cfg``
+    resumes (``resume`` true or auto) a run dir that holds one; else ``cfg`` as it is. The saved config is resolved
+    and scaled already, so it replaces the defaults and the scale's values alike; the typed keys keep this command's
+    values and :func:`check_resume_config` refuses those a resume may not change. A key the schema no longer has
+    stays as composed (and that check lists it)."""
+    saved_path = Path(run_dir) / "config.yaml" if run_dir is not None else None
+    if cfg.resume not in (True, "auto") or saved_path is None or not saved_path.is_file():
+        return cfg
+    covers = [k for t in typed for k in (t.lstrip("+~"), *_GROUP_KEYS.get(t.lstrip("+~"), ()))]
+    cfg = copy.deepcopy(cfg)
+    for key, value in _flat(yaml.safe_load(saved_path.read_text())).items():
+        if _matches(key, tuple(covers) + tuple(f"{k}." for k in covers)) or value == {}:
+            continue
+        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:
+            OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
+
+
+def hydra_run_dir() -> Path | None:
+    """This Hydra job's run dir (its output dir, or the run dir a composed config names: ``--cfg job``); None
+    outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    out = OmegaConf.select(hc, "runtime.output_dir", default=None) or OmegaConf.select(hc, "run.dir", default=None)
+    return Path(out) if out else None
 
 
 def check_resume_config(run_dir: Path, cfg) -> None:

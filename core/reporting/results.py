@@ -15,9 +15,10 @@ TABLE = "runs.jsonl"
 
 
 def append_row(results_dir: Path, row: dict) -> Path:
-    """Append a training run's ``row`` unless the table already has one for its ``run_dir`` (a run resumed
-    after its row was written, before it said it had finished, must not count twice)."""
-    return append_rows(results_dir, [row], key=("kind", "run_dir"))
+    """Append a training run's ``row`` unless the table already has one for its ``run_dir`` and ``steps`` (a run
+    resumed after its row was written, before it said it had finished, must not count twice); a finished run
+    extended to more steps appends its new row, which :func:`latest_rows` reads in place of the old."""
+    return append_rows(results_dir, [row], key=("kind", "run_dir", "steps"))
 
 
 def append_rows(results_dir: Path, rows: list[dict], key: tuple[str, ...]) -> Path:
@@ -58,6 +59,13 @@ def read_rows(results_dir: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue  # a line from a crashed writer on a filesystem without atomic appends
     return rows
+
+
+def latest_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` with one training row per ``run_dir``, the last appended (a finished run extended to more steps
+    has a row per length, and is one run); evaluation rows (``kind``) as they are."""
+    last = {r.get("run_dir"): i for i, r in enumerate(rows) if not r.get("kind")}
+    return [r for i, r in enumerate(rows) if r.get("kind") or last[r.get("run_dir")] == i]
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:

@@ -1,13 +1,16 @@
 """``resume_allow_changes``: a resume may change the optimiser, and the new values reach the restored
-optimiser (the checkpoint's learning rate does not silently win); without the flag the change is refused."""
+optimiser (the checkpoint's learning rate does not silently win); without the flag the change is refused. A
+resume starts from the run's saved config; a finished run resumed for more steps is extended or told how."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 from core.config import schema
-from core.config.resume import check_resume_config, write_config
-from core.training.checkpoint import ResumeError
+from core.config.resume import check_resume_config, saved_base, write_config
+from core.training.checkpoint import AlreadyFinished, ResumeError, prior_run
 from core.training.backend import Backend
 
 
@@ -49,3 +52,28 @@ def test_an_optimiser_change_is_refused_unless_allowed(compose_cfg, tmp_path):
     with pytest.raises(ResumeError, match="model.tiny.hidden_size: 128 -> 64"):  # never a model change
         check_resume_config(tmp_path, compose_cfg("recipe_name=x", "optim.optimizer.lr=1e-4",
                                                   "resume_allow_changes=true", "model.tiny.hidden_size=64"))
+
+
+def test_a_resume_starts_from_the_saved_config_and_changes_only_the_typed_keys(compose_cfg, tmp_path):
+    write_config(tmp_path, compose_cfg("recipe_name=x", "kl.coef=0", "train.total_steps=8",
+                                       "train.checkpoint_every=2"))
+    based = saved_base(compose_cfg("recipe_name=x", "resume=auto", "train.total_steps=12"),
+                       ("resume", "train.total_steps"), tmp_path)
+    assert (based.kl.coef, based.train.checkpoint_every, based.train.total_steps, based.resume) == (0, 2, 12, "auto")
+    check_resume_config(tmp_path, based)  # kl.coef=0 is the run's own: no complaint
+    fresh = compose_cfg("recipe_name=x", "resume=false")
+    assert saved_base(fresh, ("resume",), tmp_path).kl.coef == fresh.kl.coef  # a fresh run takes nothing
+    typed = saved_base(compose_cfg("recipe_name=x", "resume=true", "kl.coef=0.1"), ("resume", "kl.coef"), tmp_path)
+    with pytest.raises(ResumeError, match="kl.coef: 0.0 -> 0.1"):  # a typed change is checked, never dropped
+        check_resume_config(tmp_path, typed)
+
+
+def test_a_finished_run_asked_for_more_or_fewer_steps(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"run_dir": str(tmp_path), "steps": 8}))
+    with pytest.raises(AlreadyFinished):
+        prior_run(tmp_path, "auto", 8)
+    with pytest.raises(ResumeError, match=r"kept no checkpoint \(train.checkpoint_every=0\); start a new run from "
+                                          r"its final model: model.name_or_path="):
+        prior_run(tmp_path, True, 12)
+    with pytest.raises(ResumeError, match="finished at step 8; train.total_steps=6 would not extend it"):
+        prior_run(tmp_path, "auto", 6)
