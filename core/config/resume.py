@@ -47,7 +47,6 @@ def write_config(run_dir: Path, cfg) -> None:
     os.replace(tmp, run_dir / "config.yaml")
 
 
-_ABSENT = object()
 # A group chosen on the command line whose keys land elsewhere than under its own name (a ``_global_`` package).
 _GROUP_KEYS = {"recipe": ("recipe_name",)}
 
@@ -56,20 +55,30 @@ def saved_base(cfg, typed: Sequence[str], run_dir: Path | None):
     """``cfg`` (composed, scaled) with every key of ``run_dir/config.yaml`` that ``typed`` (the keys or groups set on
     this command line, core/config/scale.py ``command_line_keys``) does not name set to its saved value, when ``cfg``
     resumes (``resume`` true or auto) a run dir that holds one; else ``cfg`` as it is. The saved config is resolved
-    and scaled already, so it replaces the defaults and the scale's values alike; the typed keys keep this command's
-    values and :func:`check_resume_config` refuses those a resume may not change. A key the schema no longer has
-    stays as composed (and that check lists it)."""
+    and scaled already, so it replaces the defaults and the scale's values alike (a ``scale=tiny`` run resumed
+    without typing it stays tiny); the typed keys keep this command's values and :func:`check_resume_config`
+    refuses those a resume may not change. A key the schema no longer has stays out (and that check lists it)."""
     saved_path = Path(run_dir) / "config.yaml" if run_dir is not None else None
     if cfg.resume not in (True, "auto") or saved_path is None or not saved_path.is_file():
         return cfg
-    covers = [k for t in typed for k in (t.lstrip("+~"), *_GROUP_KEYS.get(t.lstrip("+~"), ()))]
+    names = [k for t in typed for k in (t.lstrip("+~"), *_GROUP_KEYS.get(t.lstrip("+~"), ()))]
     cfg = copy.deepcopy(cfg)
-    for key, value in _flat(yaml.safe_load(saved_path.read_text())).items():
-        if _matches(key, tuple(covers) + tuple(f"{k}." for k in covers)) or value == {}:
-            continue
-        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:
-            OmegaConf.update(cfg, key, value, merge=False)
+    _take(cfg, yaml.safe_load(saved_path.read_text()), "", tuple(names) + tuple(f"{k}." for k in names))
     return cfg
+
+
+def _take(node, saved: dict, prefix: str, typed: tuple[str, ...]) -> None:
+    """``node``'s keys set to ``saved``'s, recursively, but for those ``typed`` names (a typed key, or a key below
+    a typed group); a node ``cfg`` holds as no dict (a tiny model's fields where the composed recipe has none)
+    takes the saved one whole."""
+    for k, v in saved.items():
+        key = f"{prefix}{k}"
+        if _matches(key, typed) or k not in node:
+            continue
+        if isinstance(v, dict) and OmegaConf.is_dict(node.get(k)):
+            _take(node[k], v, f"{key}.", typed)
+        else:
+            node[k] = v
 
 
 def hydra_run_dir() -> Path | None:
