@@ -62,8 +62,9 @@ def prepare(source: Sequence[str] | DictConfig | Prepared, *, world: int | None 
     if isinstance(source, Prepared):
         return source
     world = world_size() if world is None else world
-    typed = command_line_keys()
-    cfg = saved_base(apply_scale(composed(source), typed, world), typed, hydra_run_dir())
+    cfg = composed(source)
+    typed = command_line_keys()  # after composing: composing sets Hydra's config, where the command line is
+    cfg = saved_base(apply_scale(cfg, typed, world), typed, hydra_run_dir())
     refuse(problems(cfg, cfg.layout.learner_gpus if launched else world, packages))
     return finished(cfg, PLANS.get(cfg.loop)(cfg))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from core.training.checkpoint import ResumeError
 
@@ -61,24 +61,38 @@ def saved_base(cfg, typed: Sequence[str], run_dir: Path | None):
     saved_path = Path(run_dir) / "config.yaml" if run_dir is not None else None
     if cfg.resume not in (True, "auto") or saved_path is None or not saved_path.is_file():
         return cfg
+    saved = yaml.safe_load(saved_path.read_text())
+    if not isinstance(saved, dict):
+        raise ResumeError(f"resume: {saved_path} holds no config, so the run it belongs to cannot be continued")
     names = [k for t in typed for k in (t.lstrip("+~"), *_GROUP_KEYS.get(t.lstrip("+~"), ()))]
     cfg = copy.deepcopy(cfg)
-    _take(cfg, yaml.safe_load(saved_path.read_text()), "", tuple(names) + tuple(f"{k}." for k in names))
+    _take(cfg, saved, "", tuple(names) + tuple(f"{k}." for k in names))
     return cfg
 
 
 def _take(node, saved: dict, prefix: str, typed: tuple[str, ...]) -> None:
     """``node``'s keys set to ``saved``'s, recursively, but for those ``typed`` names (a typed key, or a key below
-    a typed group); a node ``cfg`` holds as no dict (a tiny model's fields where the composed recipe has none)
-    takes the saved one whole."""
+    a typed group) and those its schema lacks. A free-form dict (``verifier.kwargs``) ends with the saved keys and
+    the typed ones; a node the composed config holds as no dict (``rollout.vllm`` where the default rollout has
+    none) takes the saved one whole."""
+    free = OmegaConf.get_type(node) is dict
     for k, v in saved.items():
         key = f"{prefix}{k}"
-        if _matches(key, typed) or k not in node:
+        if _matches(key, typed) or (k not in node and not free):
             continue
-        if isinstance(v, dict) and OmegaConf.is_dict(node.get(k)):
-            _take(node[k], v, f"{key}.", typed)
-        else:
-            node[k] = v
+        child = node.get(k)
+        if isinstance(v, dict) and OmegaConf.is_dict(child):
+            _take(child, v, f"{key}.", typed)
+            continue
+        with open_dict(node):
+            if isinstance(v, dict):
+                node.merge_with({k: v})  # from the parent: builds the field's schema type (rollout.vllm)
+            else:
+                node[k] = v
+    if free:
+        with open_dict(node):
+            for k in [k for k in node if k not in saved and not _matches(f"{prefix}{k}", typed)]:
+                del node[k]
 
 
 def hydra_run_dir() -> Path | None:

@@ -77,3 +77,18 @@ def test_a_finished_run_asked_for_more_or_fewer_steps(tmp_path):
         prior_run(tmp_path, True, 12)
     with pytest.raises(ResumeError, match="finished at step 8; train.total_steps=6 would not extend it"):
         prior_run(tmp_path, "auto", 6)
+
+
+def test_a_resume_typed_with_no_recipe_takes_the_saved_recipe_whole(compose_cfg, tmp_path):
+    """Another recipe's run resumed without naming it: its nodes the default recipe holds as none (the vLLM
+    settings), or as other free-form dicts (the weighted verifier's terms), come from config.yaml."""
+    from omegaconf import OmegaConf
+
+    saved = compose_cfg("recipe=open_r1_grpo_1_5b", "recipe_name=x", "rollout=vllm", "zero=stage2")
+    write_config(tmp_path, saved)
+    based = saved_base(compose_cfg("recipe_name=y", "resume=auto"), ("resume",), tmp_path)
+
+    def values(cfg) -> dict:
+        return {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "resume"}
+
+    assert values(based) == values(saved)
