@@ -120,9 +120,11 @@ def _nearest(cause) -> str:
 
 
 def cli() -> None:
+    from core.config.resume import with_saved_recipe
     from core.launch import check_multirun
 
     def start():
+        sys.argv[1:] = with_saved_recipe(sys.argv[1:])  # a resume composes the run's recipe, not the default
         if _print_job_config(sys.argv[1:]):
             return
         check_multirun(sys.argv[1:])  # what a submitit launcher cannot start, before it submits anything

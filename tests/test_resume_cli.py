@@ -78,3 +78,17 @@ def test_a_refused_command_leaves_no_run_dir(tmp_path, overrides):
     proc = run_cli(tmp_path, *FAST, *overrides)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_reward_model_run_resumes_by_the_readme_command(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_cli(tmp_path, "recipe=tiny_rm", "scale=tiny", "logger.progress=false", "logger.tensorboard=false",
+                    "train.checkpoint_every=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run_dir / "summary.json").unlink()  # as if killed after its last checkpoint
+    resumed = run_cli(tmp_path, "resume=auto")  # its recipe (and loop) from config.yaml, not the default's
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"resuming {run_dir} from step 4 (checkpoint {run_dir}/checkpoint)" in out
+    assert len(results(tmp_path)) == 1

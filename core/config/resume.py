@@ -66,23 +66,30 @@ def saved_base(cfg, typed: Sequence[str], run_dir: Path | None):
         raise ResumeError(f"resume: {saved_path} holds no config, so the run it belongs to cannot be continued")
     names = [k for t in typed for k in (t.lstrip("+~"), *_GROUP_KEYS.get(t.lstrip("+~"), ()))]
     cfg = copy.deepcopy(cfg)
-    _take(cfg, saved, "", tuple(names) + tuple(f"{k}." for k in names))
+    lacking = _take(cfg, saved, "", tuple(names) + tuple(f"{k}." for k in names))
+    if lacking:
+        raise ResumeError(f"resume: {saved_path} holds keys this command's config has no place for "
+                          f"({', '.join(lacking[:6])}{', ...' if len(lacking) > 6 else ''}): name the recipe and "
+                          f"groups the run was started with (its .hydra/overrides.yaml) on the command line")
     return cfg
 
 
-def _take(node, saved: dict, prefix: str, typed: tuple[str, ...]) -> None:
+def _take(node, saved: dict, prefix: str, typed: tuple[str, ...]) -> list[str]:
     """``node``'s keys set to ``saved``'s, recursively, but for those ``typed`` names (a typed key, or a key below
-    a typed group) and those its schema lacks. A free-form dict (``verifier.kwargs``) ends with the saved keys and
-    the typed ones; a node the composed config holds as no dict (``rollout.vllm`` where the default rollout has
-    none) takes the saved one whole."""
-    free = OmegaConf.get_type(node) is dict
+    a typed group); returns the keys its schema lacks. A free-form dict (``verifier.kwargs``) ends with the saved
+    keys and the typed ones; a node the composed config holds as no dict (``rollout.vllm`` where the default
+    rollout has none) takes the saved one whole."""
+    free, lacking = OmegaConf.get_type(node) is dict, []
     for k, v in saved.items():
         key = f"{prefix}{k}"
-        if _matches(key, typed) or (k not in node and not free):
+        if _matches(key, typed):
+            continue
+        if k not in node and not free:
+            lacking.append(key)
             continue
         child = node.get(k)
         if isinstance(v, dict) and OmegaConf.is_dict(child):
-            _take(child, v, f"{key}.", typed)
+            lacking += _take(child, v, f"{key}.", typed)
             continue
         with open_dict(node):
             if isinstance(v, dict):
@@ -93,6 +100,22 @@ def _take(node, saved: dict, prefix: str, typed: tuple[str, ...]) -> None:
         with open_dict(node):
             for k in [k for k in node if k not in saved and not _matches(f"{prefix}{k}", typed)]:
                 del node[k]
+    return lacking
+
+
+def with_saved_recipe(argv: list[str]) -> list[str]:
+    """``argv`` (a ``python -m recipes.run`` command line) with ``recipe=<the run's>`` added when it resumes
+    (``resume`` true or auto) the run dir ``hydra.run.dir`` names, which holds ``config.yaml``, and names no recipe
+    itself: the recipe picks the loop and the groups it was composed from (their schemas), which Hydra composes
+    before any of our code runs. The run's other values come from ``config.yaml`` (:func:`saved_base`)."""
+    from core.launch import hydra_args
+
+    values = dict(o.split("=", 1) for o in hydra_args(argv).overrides if "=" in o)
+    saved = Path(values.get("hydra.run.dir", "")) / "config.yaml"
+    if values.get("resume", "").lower() not in ("true", "auto") or "recipe" in values or not saved.is_file():
+        return argv
+    recipe = (yaml.safe_load(saved.read_text()) or {}).get("recipe_name")
+    return [*argv, f"recipe={recipe}"] if recipe else argv
 
 
 def hydra_run_dir() -> Path | None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.config import schema
-from core.config.resume import check_resume_config, saved_base, write_config
+from core.config.resume import check_resume_config, saved_base, with_saved_recipe, write_config
 from core.training.checkpoint import AlreadyFinished, ResumeError, prior_run
 from core.training.backend import Backend
 
@@ -92,3 +92,18 @@ def test_a_resume_typed_with_no_recipe_takes_the_saved_recipe_whole(compose_cfg,
         return {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "resume"}
 
     assert values(based) == values(saved)
+
+
+def test_a_resume_that_names_no_recipe_composes_the_runs_own(tmp_path):
+    (tmp_path / "config.yaml").write_text("recipe_name: tiny_rm\nloop: rm\n")
+    resume = ["resume=auto", f"hydra.run.dir={tmp_path}"]
+    assert with_saved_recipe(resume) == [*resume, "recipe=tiny_rm"]  # its loop and groups, not the default's
+    assert with_saved_recipe([*resume, "recipe=tiny_math_grpo"]) == [*resume, "recipe=tiny_math_grpo"]
+    assert with_saved_recipe(["resume=false", f"hydra.run.dir={tmp_path}"]) == ["resume=false",
+                                                                               f"hydra.run.dir={tmp_path}"]
+
+
+def test_a_saved_key_this_config_has_no_place_for_is_refused(compose_cfg, tmp_path):
+    (tmp_path / "config.yaml").write_text("loop: rm\ntrain:\n  batch_size: 64\n")
+    with pytest.raises(ResumeError, match=r"holds keys this command's config has no place for \(train.batch_size\)"):
+        saved_base(compose_cfg("recipe_name=x", "resume=auto"), ("resume",), tmp_path)
