@@ -75,6 +75,23 @@ def hydra_args(argv: list[str]) -> argparse.Namespace:
     return get_args_parser().parse_args(argv)
 
 
+EXCLUDE_KEY = "hydra.job.config.override_dirname.exclude_keys"
+
+
+def sweep_dirnames(argv: list[str]) -> list[str]:
+    """``argv`` of a multirun with Hydra told to name each job's dir by the values it sweeps only: the overrides
+    every job shares (``scale=tiny``) go to ``hydra.job.config.override_dirname.exclude_keys`` (Hydra's own
+    mechanism; conf/config.yaml ``hydra.sweep.subdir``), unless the command line sets that key itself."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = hydra_args(argv)
+    if not args.multirun or any(o.startswith(EXCLUDE_KEY) for o in args.overrides):
+        return argv
+    shared = [o.key_or_group for o in OverridesParser.create().parse_overrides(args.overrides)
+              if not o.is_sweep_override() and not o.key_or_group.startswith("hydra")]
+    return [*argv, f"{EXCLUDE_KEY}=[{','.join(repr(k) for k in shared)}]"]
+
+
 def check_multirun(argv: list[str]) -> None:
     """Before a multirun (``-m``) submits anything: raise :class:`ConfigError` with every
     :func:`launch_problems` of its launcher, for the config its sweep overrides leave out (Hydra's own master

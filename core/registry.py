@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Optional, TypeVar
 
@@ -70,7 +71,7 @@ class Registry(Generic[F]):
             if self._paths and ":" in name:
                 return _from_path(self.kind, name)
             raise KeyError(f"unknown {self.kind} {name!r}; registered: {', '.join(self.names())}"
-                           + (" (or module.path:function)" if self._paths else ""))
+                           + (" (or module.path:function, or path/to/file.py:function)" if self._paths else ""))
         if entry.obj is None:
             module, _, attr = entry.target.partition(":")
             entry.obj = getattr(importlib.import_module(module), attr)
@@ -102,15 +103,42 @@ def _where(obj) -> str:
 
 
 def _from_path(kind: str, spec: str):
-    """``module:attr`` imported; failures are KeyErrors naming the spec (config input, not a bug)."""
-    module, _, attr = spec.partition(":")
+    """``module:attr`` imported, or ``path/to/file.py:attr`` loaded from that file (relative to the project root,
+    like the data paths; no ``PYTHONPATH`` needed). Failures are KeyErrors naming the spec (config input, not a
+    bug)."""
+    module, _, attr = spec.rpartition(":")
     try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
+        obj = getattr(_load_file(module) if module.endswith(".py") else importlib.import_module(module), attr)
+    except ModuleNotFoundError as e:
+        raise KeyError(f"{kind} {spec!r}: no module {e.name!r} on the import path; give the file instead "
+                       f"(path/to/{module.rsplit('.', 1)[-1]}.py:{attr}, relative to the project root), or put its "
+                       f"folder on PYTHONPATH") from None
+    except (ImportError, AttributeError, OSError, SyntaxError) as e:
         raise KeyError(f"{kind} {spec!r}: cannot import {attr!r} from {module!r} ({e})") from None
     if not callable(obj):
         raise KeyError(f"{kind} {spec!r}: {module}.{attr} is not callable")
     return obj
+
+
+def _load_file(path: str):
+    """The module of a ``.py`` file, loaded once per file (kept in ``sys.modules`` under a name made from its
+    absolute path, so a second lookup returns the same functions)."""
+    from core.paths import resolve
+
+    file = resolve(path)
+    if not file.is_file():
+        raise OSError(f"no such file {file}")
+    name = "_rlr_file_" + "".join(c if c.isalnum() else "_" for c in str(file))
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def installed(package: str) -> bool:

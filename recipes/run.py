@@ -121,13 +121,14 @@ def _nearest(cause) -> str:
 
 def cli() -> None:
     from core.config.resume import with_saved_recipe
-    from core.launch import check_multirun
+    from core.launch import check_multirun, sweep_dirnames
 
     def start():
         sys.argv[1:] = with_saved_recipe(sys.argv[1:])  # a resume composes the run's recipe, not the default
         if _print_job_config(sys.argv[1:]):
             return
         check_multirun(sys.argv[1:])  # what a submitit launcher cannot start, before it submits anything
+        sys.argv[1:] = sweep_dirnames(sys.argv[1:])  # a multirun's job dirs named by the values they sweep
         main()
 
     briefly_on_input_errors(start)

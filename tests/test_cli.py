@@ -151,8 +151,8 @@ def test_multirun_gives_one_dir_and_one_row_per_job(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = results(tmp_path)
     assert sorted(r["seed"] for r in rows) == [0, 1]
-    dirs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir() and p.name.isdigit())
-    assert dirs == ["0", "1"]
+    dirs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir() and p.name[0].isdigit())
+    assert dirs == ["0_seed=0", "1_seed=1"]  # named by the swept value, not the shared overrides
     assert all((tmp_path / "sweep" / d / "model" / "config.json").exists() for d in dirs)
 
 
@@ -269,7 +269,7 @@ def test_multirun_needs_no_sweep_dir(tmp_path):
                    default_dirs=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (sweep,) = (tmp_path / "results" / "runs" / "tiny_math_grpo").iterdir()
-    assert sweep.name.startswith("multirun_") and sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    assert sweep.name.startswith("multirun_") and sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0_seed=0", "1_seed=1"]
     assert sorted(r["seed"] for r in results(tmp_path)) == [0, 1]
 
 

@@ -18,11 +18,12 @@ import pytest
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 
-from core.config.composition import register_resolvers
+from core.config.composition import job_dirname, register_resolvers
 from core.config.pipeline import prepare
 from core.config.validate import ConfigError
 from core.errors import InputError
-from core.launch import check_multirun, export_submitit_ranks, hydra_args, launch_problems, sbatch_values
+from core.launch import (EXCLUDE_KEY, check_multirun, export_submitit_ranks, hydra_args, launch_problems, sbatch_values,
+                         sweep_dirnames)
 from core.paths import CONF_DIR, PROJECT_ROOT
 from tests.helpers import CLI_ENV, FAST, cli_command, results
 
@@ -391,3 +392,16 @@ def test_the_sbatch_script_gives_each_node_of_a_dedicated_layout_its_address_for
     proc = _sbatch(tmp_path, "python", "layout=open_r1_2node", hosts="gpu-a gpu-x")
     assert proc.returncode == 1 and "cannot resolve the server node gpu-x to an IPv4 address" in proc.stderr
     assert not (tmp_path / "steps.log").exists()  # nothing started
+
+
+@pytest.mark.parametrize("argv, added", [
+    (["-m", "scale=tiny", "seed=0,1", "+train.x=1", "hydra/launcher=slurm"], "['scale','train.x']"),
+    (["-m", "seed=0,1", "optim.optimizer.lr=range(1,3)"], "[]"),
+    (["scale=tiny", "seed=0"], None),  # not a multirun: argv as given
+    (["-m", "seed=0,1", "hydra.job.config.override_dirname.exclude_keys=[seed]"], None),  # the user's own
+])
+def test_a_multirun_names_job_dirs_by_the_swept_values_only(argv, added):
+    out = sweep_dirnames(argv)
+    assert out == argv if added is None else out == [*argv, f"{EXCLUDE_KEY}={added}"]
+    assert job_dirname(0, "seed=0,optim.optimizer.lr=1") == "0_seed=0,optim.optimizer.lr=1"
+    assert (job_dirname(3, ""), job_dirname(1, "data.path=a/b.jsonl")) == ("3", "1_data.path=a_b.jsonl")

@@ -157,6 +157,18 @@ def test_every_named_path_exists():
     assert min(kinds[k] for k in ("docs", "yaml", "Makefile", "python")) >= 5, kinds
 
 
+ONE_MACHINE_RE = re.compile(r"(?<![\w.~-])/(?:work|home|root|Users)/[\w.-]+")
+
+
+def test_no_prose_names_a_path_of_one_machine():
+    """The reference notes, data and checkouts are named as a clone sees them (``../shared/reference``), never by an
+    absolute path of the machine a doc was written on (docs/recipes.md once cited the notes under ``/work``). The
+    sandbox tests' deliberate escape targets are code, not prose, and are not scanned."""
+    found = [f"{_where(f, i)}: {m.group(0)}" for _, f, i, line in _prose() for m in ONE_MACHINE_RE.finditer(line)]
+    assert not found, "absolute paths of one machine:\n" + "\n".join(found)
+    assert len(_prose()) > 5000  # every kind of file was read
+
+
 def test_foreign_citations_are_named_and_used():
     """Each allowlisted foreign path is cited at least once (else the entry is stale), only in files that name its
     project, and none is a path of ours (then it would need no entry)."""

@@ -24,7 +24,7 @@ def _everyday_commands() -> list[str]:
 @pytest.mark.slow
 def test_every_everyday_command_runs_as_written(tmp_path):
     commands = _everyday_commands()
-    assert len(commands) == 9, commands
+    assert len(commands) == 10, commands
     env = {**CLI_ENV, "RLR_RESULTS_DIR": str(tmp_path / "results")}
     first_run = None
     for command in commands:
@@ -44,3 +44,14 @@ def test_every_everyday_command_runs_as_written(tmp_path):
     assert len(rows) == 1 + 1 + 1 + 6  # recipe, scale=tiny, lr/seed, 6 multirun jobs; the resume adds none
     assert (tmp_path / "cmp.csv").exists() and (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert os.path.getsize(tmp_path / "curves.png") > 20_000
+
+
+def test_make_help_and_the_readme_give_one_test_time():
+    """``make help`` and the README's "Tests and benchmarks" state the same measured time of ``make test`` (they
+    once said 10 and 17 minutes)."""
+    makefile = (PROJECT_ROOT / "Makefile").read_text()
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    minutes = re.search(r"^test: .*## .*about (\d+) min", makefile, re.M)
+    seconds = re.search(r"`make test`: .*?(\d+) tests in (\d+) s", readme, re.S)
+    assert minutes and seconds, "the Makefile's `test` help or the README's figure moved; update this test"
+    assert int(minutes.group(1)) == round(int(seconds.group(2)) / 60), (minutes.group(0), seconds.group(0))

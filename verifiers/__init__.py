@@ -10,8 +10,9 @@ sample". Verifiers work on their own, with no trainer.
 
 Every name is declared below with the function that implements it (:data:`VERIFIERS`, a
 :class:`core.registry.Registry`), and a module is imported when one of its names is first asked for. A name
-``package.module:function`` is that function, unregistered (veRL's ``custom_reward_function.path``, TRL's
-callable rewards). :data:`GOLDS` holds the gold-answer extractors evaluation sets grade against
+``package.module:function`` is that function, unregistered (TRL's callable rewards), and so is
+``path/to/file.py:function``, loaded from the file (veRL's ``custom_reward_function.path`` and ``.name``; relative
+to the project root, no ``PYTHONPATH`` needed). :data:`GOLDS` holds the gold-answer extractors evaluation sets grade against
 (``sets.<name>.gold``): they take answers out of solutions as the verifiers do.
 
 Dependencies run one way: this package uses nothing of ``core`` but the registry type, and ``core`` reaches it only

@@ -25,7 +25,10 @@ def nearest_keys(key: str, schema: type) -> list[str]:
 
 
 def _walk(node, schema: type | None, prefix: str, errors: list[str]) -> None:
-    if not isinstance(node, DictConfig) or schema is None or not dataclasses.is_dataclass(schema):
+    if not isinstance(node, DictConfig):
+        return
+    if schema is None or not dataclasses.is_dataclass(schema):
+        _unset(node, prefix, errors)
         return
     fields = {f.name: f for f in dataclasses.fields(schema)}
     for key in node.keys():
@@ -52,3 +55,12 @@ def _walk(node, schema: type | None, prefix: str, errors: list[str]) -> None:
         problem = check(raw)
         if problem is not None:
             errors.append(f"{path}={raw!r}: expected {problem}")
+
+
+def _unset(node: DictConfig, prefix: str, errors: list[str]) -> None:
+    """In a free-form node (a verifier's ``kwargs``): every value a config left for the user to set (``???``)."""
+    for key in node.keys():
+        if OmegaConf.is_missing(node, key):
+            errors.append(f"{prefix}{key}: required and not set (???); give {prefix}{key}=VALUE")
+        elif isinstance(node._get_node(key), DictConfig):
+            _unset(node._get_node(key), f"{prefix}{key}.", errors)

@@ -47,10 +47,18 @@ def register_resolvers() -> None:
     for key, node in SCHEMAS.items():
         group, _, name = key.rpartition("/")
         ConfigStore.instance().store(group=f"schema/{group}" if group else "schema", name=name, node=node)
-    resolvers = (("root", lambda: str(PROJECT_ROOT)), ("run_stamp", run_stamp), ("codeforces_tiny", _codeforces_tiny))
+    resolvers = (("root", lambda: str(PROJECT_ROOT)), ("run_stamp", run_stamp), ("codeforces_tiny", _codeforces_tiny),
+                 ("job_dirname", job_dirname))
     for name, fn in resolvers:
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)  # cached in the config: it travels with it
+
+
+def job_dirname(num, overrides: str) -> str:
+    """A multirun job's dir: its number, then the values it sweeps (Hydra's ``hydra.job.override_dirname``, the
+    overrides every job shares left out by core/launch.py :func:`~core.launch.sweep_dirnames`): ``0_seed=0``. A
+    ``/`` in a value would nest dirs, so it becomes ``_``."""
+    return f"{num}_{overrides.replace('/', '_')}" if overrides else str(num)
 
 
 def compose(overrides: list[str], with_hydra: bool = False, config_name: str = "config"):

@@ -96,6 +96,7 @@ class PromptDataConfig:
     hub_config: Optional[str] = None
     split: str = "train"
     eval_path: Optional[str] = None  # the held-out rows' file (a generated source holds out rows of its own)
+    eval_holdout: Optional[float] = ck(None, above(0, optional=True))  # train rows held out: N (>= 1) or a fraction (< 1)
     eval_split: str = "test"  # the held-out split (source=hub)
     eval_hub_name: Optional[str] = None  # source=hub: the eval split's dataset (its default config); null: hub_name
     prompt_key: str = "prompt"  # a column, or a path into nested ones: "prompt.0.content"

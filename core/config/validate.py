@@ -188,6 +188,20 @@ def _check_verifier(cfg, errors: list[str]) -> None:
             errors += VERIFIERS.problems(v[key], v.get(kwargs) or {}, f"verifier.{key}", f"verifier.{kwargs}")
 
 
+def _check_holdout(data, errors: list[str]) -> None:
+    """Where the held-out rows come from: a file (``data.eval_path``) or rows of the training file held out
+    (``data.eval_holdout``), not both; a file source needs one of them."""
+    holdout = data.eval_holdout
+    if holdout is not None and data.eval_path:
+        errors.append(f"data.eval_holdout={holdout:g} with data.eval_path={data.eval_path}: the held-out rows come from "
+                      f"the file or are held out of the training rows; set one of them (the other null)")
+    elif holdout is not None and holdout >= 1 and holdout != int(holdout):
+        errors.append(f"data.eval_holdout={holdout:g}: expected a whole number of rows (>= 1) or a fraction (< 1)")
+    elif holdout is None and data.source == "file" and not data.eval_path:
+        errors.append("data.eval_path is not set: data.source=file evaluates on a held-out file; set data.eval_path="
+                      "FILE, or hold rows of data.path out with data.eval_holdout=N (or a fraction such as 0.1)")
+
+
 def _check_placement(cfg, errors: list[str], packages: bool = True) -> None:
     """Settings that the device and the sharding cannot honour; the rollout engine's own checks
     (core/rollout/__init__.py)."""
@@ -250,6 +264,7 @@ def rl_problems(cfg, packages: bool = True) -> list[str]:
     _check_loss(cfg, errors)
     _check_placement(cfg, errors, packages)
     _check_verifier(cfg, errors)
+    _check_holdout(cfg.data, errors)
     known = cfg.advantage.name in ADVANTAGES
     if known:
         _check_critic(cfg, errors)

@@ -58,7 +58,9 @@ def local_file(cfg, split: str) -> list[dict]:
     """Rows of a local ``.jsonl``, ``.jsonl.gz``, ``.json`` or ``.parquet`` file."""
     key = "path" if split == "train" else "eval_path"
     if not cfg[key]:
-        raise DataError(f"data.{key} is not set (data.source=file needs a local file)")
+        raise DataError(f"data.{key} is not set (data.source=file needs a local file"
+                        + ("; or hold rows of data.path out with data.eval_holdout=N or a fraction)" if key == "eval_path"
+                           else ")"))
     return read_rows(paths.resolve(cfg[key]), f"data.{key}")
 
 
@@ -165,8 +167,12 @@ def _take(row: dict, path: str):
 
 def load_split(cfg, split: str) -> list[dict]:
     """Rows of ``split`` (``train`` or ``eval``) with ``prompt`` (and, unless ``data.answer_key`` is null,
-    ``answer``) columns, filtered by ``data.max_prompt_chars`` (SimpleRL-Zoo's character filter)."""
-    rows = SOURCES.get(cfg.source)(cfg, split)
+    ``answer``) columns, filtered by ``data.max_prompt_chars`` (SimpleRL-Zoo's character filter). With
+    ``data.eval_holdout``, both splits come from the source's train rows (:func:`split_off`)."""
+    if cfg.get("eval_holdout") is None:
+        rows = SOURCES.get(cfg.source)(cfg, split)
+    else:
+        rows = split_off(SOURCES.get(cfg.source)(cfg, "train"), cfg.eval_holdout)[split == "eval"]
     keys = {name: key for name, key in split_keys(cfg, split).items() if key}
     out = []
     for i, row in enumerate(rows):
@@ -182,6 +188,23 @@ def load_split(cfg, split: str) -> list[dict]:
     if cfg.max_prompt_chars:
         out = [r for r in out if len(format_prompt(r["prompt"], cfg)) <= cfg.max_prompt_chars]
     return out
+
+
+HOLDOUT_SEED = 0  # one held-out set for every training seed, so seeds are compared on the same rows
+
+
+def split_off(rows: list[dict], holdout: float) -> tuple[list[dict], list[dict]]:
+    """``(train, held out)``: ``holdout`` rows (a count >= 1, or a fraction < 1 of the rows, rounded, at least one)
+    drawn at random with a fixed seed (:data:`HOLDOUT_SEED`) and kept out of training; both keep the file's order.
+    The held-out set is the same for every ``seed``, as TRL's ``train_test_split(seed=...)`` of a fixed seed."""
+    if holdout >= 1 and holdout != int(holdout):
+        raise DataError(f"data.eval_holdout={holdout:g}: expected a whole number of rows (>= 1) or a fraction (< 1)")
+    n = max(round(holdout * len(rows)), 1) if holdout < 1 else int(holdout)
+    if n >= len(rows):
+        raise DataError(f"data.eval_holdout={holdout:g}: holds out {n} of the {len(rows)} training rows; expected at "
+                        f"least one row held out and one left to train on")
+    held = set(random.Random(HOLDOUT_SEED).sample(range(len(rows)), n))
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
 
 
 def format_prompt(prompt, cfg) -> str | list:

@@ -38,8 +38,8 @@ def mbpp_with_tests(value, row: dict) -> str:
 
 # The prompt-data keys a set supplies; the rest of the data node (template, chat template, system prompt,
 # length limits) is the preset's prompt format.
-SET_KEYS = ("source", "path", "hub_name", "hub_config", "split", "eval_path", "eval_split", "prompt_key",
-            "answer_key", "eval_prompt_key", "eval_answer_key", "generator", "tiny")
+SET_KEYS = ("source", "path", "hub_name", "hub_config", "split", "eval_path", "eval_holdout", "eval_split",
+            "prompt_key", "answer_key", "eval_prompt_key", "eval_answer_key", "generator", "tiny")
 
 
 def data_config(set_cfg, fmt):
@@ -47,7 +47,7 @@ def data_config(set_cfg, fmt):
     return OmegaConf.merge(fmt, {
         "source": set_cfg.source, "eval_path": set_cfg.path, "hub_name": set_cfg.hub_name,
         "hub_config": set_cfg.hub_config, "eval_split": set_cfg.split, "prompt_key": set_cfg.prompt_key,
-        "answer_key": set_cfg.answer_key, "eval_prompt_key": None, "eval_answer_key": None})
+        "answer_key": set_cfg.answer_key, "eval_prompt_key": None, "eval_answer_key": None, "eval_holdout": None})
 
 
 @dataclass

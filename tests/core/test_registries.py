@@ -2,6 +2,7 @@
 (core/registry.py): declared entries, checks, misses, duplicates, ``module:function`` names."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -70,7 +71,29 @@ def test_a_path_registry_imports_module_function_names_and_says_why_one_fails():
     assert VERIFIERS.get("tests.stub_rewards:exact") is stub_rewards.exact
     with pytest.raises(KeyError, match=r"verifier 'tests.stub_rewards:nope': cannot import 'nope'"):
         VERIFIERS.get("tests.stub_rewards:nope")
-    with pytest.raises(KeyError, match=r"unknown verifier 'maths'; registered: .* \(or module.path:function\)"):
+    with pytest.raises(KeyError, match=r"unknown verifier 'maths'; registered: .* \(or module.path:function, or "
+                                       r"path/to/file.py:function\)"):
         VERIFIERS.get("maths")
+    with pytest.raises(KeyError, match=r"'my_rewards.mine:score': no module 'my_rewards' on the import path; give the "
+                                       r"file instead \(path/to/mine.py:score"):
+        VERIFIERS.get("my_rewards.mine:score")
     assert VERIFIERS.problems("tests.stub_rewards:exact", {"strict": True}, "verifier.name", "verifier.kwargs") == [
         "verifier.kwargs.strict: verifier tests.stub_rewards:exact takes no 'strict' (it takes completions, answer)"]
+
+
+def test_a_verifier_is_loaded_from_a_file_path_without_pythonpath(tmp_path):
+    """``path/to/file.py:function`` (veRL's custom_reward_function.path): loaded from the file once, relative paths
+    from the project root; a missing file or function is a KeyError naming the spec."""
+    from core.paths import PROJECT_ROOT
+
+    (tmp_path / "my_reward.py").write_text("def score(completions, answer, **kw):\n"
+                                          "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
+    spec = f"{tmp_path}/my_reward.py:score"
+    fn = VERIFIERS.get(spec)
+    assert fn(["4", "5"], answer=["4", "4"]) == [1.0, 0.0] and VERIFIERS.get(spec) is fn
+    relative = f"{os.path.relpath(tmp_path, PROJECT_ROOT)}/my_reward.py:score"
+    assert VERIFIERS.get(relative) is fn
+    with pytest.raises(KeyError, match=r"my_reward.py:nope': cannot import 'nope'"):
+        VERIFIERS.get(f"{tmp_path}/my_reward.py:nope")
+    with pytest.raises(KeyError, match=r"absent.py:score': cannot import 'score' .*no such file"):
+        VERIFIERS.get(f"{tmp_path}/absent.py:score")

@@ -1,7 +1,7 @@
 """The Open-Instruct recipes (conf/recipe/open_instruct_*.yaml): the source's exact values, the Tulu chat template
 verbatim, the published figures through ``recipes.explain``, the reward as the recipes configure it (routes, x10, the
 placeholder bug), the local stand-in data, each recipe at ``scale=tiny`` end to end, and overrides that break the
-source's batch arithmetic refused with the reason. Values: /work/shared/reference/open_instruct.md
+source's batch arithmetic refused with the reason. Values: ../shared/reference/open_instruct.md
 (allenai/open-instruct @3dd7a07d for PPO, @c8b66a0e3 for Tulu 3.1 GRPO)."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The Open-R1 recipes (conf/recipe/open_r1_*.yaml): the source's exact values (its recipe YAMLs and the TRL 0.18
 defaults they inherit), the verbatim system prompts and DeepSeek chat template, the published batch figures through
 ``recipes.explain``, a run of each recipe at ``scale=tiny``, and overrides that break TRL's batch arithmetic refused
-with the reason. Values: /work/shared/reference/open_r1.md (huggingface/open-r1 @1416fa0, @9eef995b; TRL v0.18.0)."""
+with the reason. Values: ../shared/reference/open_r1.md (huggingface/open-r1 @1416fa0, @9eef995b; TRL v0.18.0)."""
 from __future__ import annotations
 
 import hashlib

@@ -1,7 +1,7 @@
 """The SimpleRL-Zoo recipes (conf/recipe/simplerl_zoo_*.yaml): the source's exact values, its published figures through
 ``recipes.explain``, its data read as veRL reads it, its reward reading what veRL's reward manager decodes, a run of
 each recipe at ``scale=tiny``, and overrides that break the source's batch arithmetic refused with the reason.
-Values: /work/shared/reference/simplerl_zoo.md (hkust-nlp/simpleRL-reason v1 @cf1c785)."""
+Values: ../shared/reference/simplerl_zoo.md (hkust-nlp/simpleRL-reason v1 @cf1c785)."""
 from __future__ import annotations
 
 import json
