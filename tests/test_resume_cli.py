@@ -70,13 +70,15 @@ def test_more_steps_extend_a_finished_run_and_the_table_counts_it_once(tmp_path)
     assert len(results(tmp_path)) == 2
 
 
-@pytest.mark.parametrize("overrides", [
-    ["train.mini_batch_size=24"],  # a config check
-    ["data.source=file", "data.path=/nonexistent/train.jsonl"],  # a data check, after the config's
+@pytest.mark.parametrize("overrides, message", [
+    (["train.mini_batch_size=24"], "not divisible by train.mini_batch_size=24"),  # a config check
+    (["data.source=file", "data.path=/nonexistent/train.jsonl", "data.eval_path=/nonexistent/eval.jsonl"],
+     "data file not found: /nonexistent/train.jsonl"),  # a data check, after the config's
 ])
-def test_a_refused_command_leaves_no_run_dir(tmp_path, overrides):
+def test_a_refused_command_leaves_no_run_dir(tmp_path, overrides, message):
     proc = run_cli(tmp_path, *FAST, *overrides)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert message in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "run").exists()
 
 
