@@ -168,8 +168,9 @@ def sbatch_values(overrides: list[str]) -> dict[str, object]:
     from hydra.core.hydra_config import HydraConfig
 
     from core.config.pipeline import prepare
+    from core.config.resume import with_saved_recipe
 
-    prepared = prepare(overrides, launched=True, packages=False)
+    prepared = prepare(with_saved_recipe(overrides), launched=True, packages=False)  # a resume: the run's recipe
     return launch_values(prepared, str(HydraConfig.get().run.dir))
 
 

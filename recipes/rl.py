@@ -118,7 +118,8 @@ def main(cfg, run_dir: str | None = None) -> float:
     try:
         run = setup(cfg, run_dir)
     except AlreadyFinished as done:
-        log.info("%s already finished (%d steps); nothing to resume", done.summary["run_dir"], done.summary["steps"])
+        log.info("%s already finished (%d steps); a larger train.total_steps extends it", done.summary["run_dir"],
+                 done.summary["steps"])
         return float(done.summary["eval_after"])
     train(run)
     return save(run)
@@ -170,7 +171,7 @@ def _setup_run_dir(cfg, plan: RLPlan, run_dir: str | None) -> tuple[Path, PriorR
     """Rank 0's run dir (Hydra's unless given) and what it holds, checked against ``resume`` before any model; the
     config written there, or checked against the one saved when a checkpoint resumes."""
     run_dir = Path(distributed.broadcast_object(str(run_dir or HydraConfig.get().runtime.output_dir)))
-    prior = prior_run(run_dir, cfg.resume)
+    prior = prior_run(run_dir, cfg.resume, plan.total_steps)
     if prior.checkpoint is not None:
         check_resume_config(run_dir, recorded(cfg, plan))
     elif distributed.is_main():
@@ -226,7 +227,7 @@ def train(run: Run) -> None:
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}",
                         kl=f"{metrics.get('kl', 0.0):.4f}")
         bar.update()
-        if t.checkpoint_every and run.step % t.checkpoint_every == 0:
+        if t.checkpoint_every and (run.step % t.checkpoint_every == 0 or run.step == total):  # the last: to extend
             save_training_state(run.run_dir / "checkpoint", run,
                                 {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
                                  "kl_beta": run.kl_ctl.beta, "metrics_rows": run.writer.rows,

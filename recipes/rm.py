@@ -201,7 +201,7 @@ def train(run: Run) -> None:
             log_step(log, run.step, total, metrics)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}")
         bar.update()
-        if t.checkpoint_every and run.step % t.checkpoint_every == 0:
+        if t.checkpoint_every and (run.step % t.checkpoint_every == 0 or run.step == total):  # the last, as RL's
             save_training_state(run.run_dir / "checkpoint", run.engine,
                                 {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
                                  "metrics_rows": run.writer.rows})

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
+from contextlib import contextmanager
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -65,7 +67,30 @@ def main(cfg: DictConfig) -> float | None:
     export_submitit_ranks()  # a rank started as a submitit task (hydra/launcher=slurm): RANK, WORLD_SIZE, ...
     _quiet()
     set_cpu_threads(int(cfg.cpu_threads))
-    return run(cfg)
+    with no_run_dir_if_refused():
+        return run(cfg)
+
+
+@contextmanager
+def no_run_dir_if_refused():
+    """A command refused for its input (:class:`core.errors.InputError`) leaves no run dir behind: the dir is
+    removed when it holds only what Hydra wrote there before the job started (``.hydra/`` and the job's log), so a
+    resumed run's dir, or any dir holding a file of a run, stays. Removing afterwards rather than creating the dir
+    later: Hydra makes the dir, writes ``.hydra/`` and opens its log file there before it calls the job, for every
+    launcher (basic, submitit, each torchrun rank); deferring that would mean turning both off and redoing them
+    for each, while this rule holds whichever launcher ran the job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from core.errors import InputError
+
+    try:
+        yield
+    except InputError:
+        hc = HydraConfig.get()
+        run_dir = hc.runtime.output_dir
+        if os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= {hc.output_subdir, f"{hc.job.name}.log"}:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def set_cpu_threads(n: int) -> None:
@@ -110,9 +135,11 @@ def _nearest(cause) -> str:
 
 
 def cli() -> None:
+    from core.config.resume import with_saved_recipe
     from core.launch import check_multirun, sweep_dirnames
 
     def start():
+        sys.argv[1:] = with_saved_recipe(sys.argv[1:])  # a resume composes the run's recipe, not the default
         if print_job_config(sys.argv[1:]):
             return
         check_multirun(sys.argv[1:])  # what a submitit launcher cannot start, before it submits anything

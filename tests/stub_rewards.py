@@ -39,3 +39,22 @@ def bonus(completions: list[str], **_) -> list[float]:
 
 
 bonus.correct_above = None
+
+
+def math_killed_after(completions: list[str], **columns) -> list[float | None]:
+    """The math verifier, which kills its own process with SIGKILL (``kill -9``) once the ``metrics.jsonl`` named
+    by ``$RLR_TEST_KILL_AFTER`` (``<file>:<step>``) records that training step: a run killed inside the next
+    step, at the same place on any machine however fast its steps are. Without the variable, the math verifier."""
+    import json
+    import os
+    import signal
+    from pathlib import Path
+
+    from verifiers.math import math_reward
+
+    path, _, step = os.environ.get("RLR_TEST_KILL_AFTER", "").rpartition(":")
+    if path and Path(path).exists():
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        if any("reward/mean" in r and r["step"] >= int(step) for r in rows):
+            os.kill(os.getpid(), signal.SIGKILL)
+    return math_reward(completions, **columns)

@@ -6,16 +6,23 @@ another config than ``config.yaml`` records (a new learning rate, say, while the
 the old schedule). So a resume whose config differs from the saved one outside :data:`RESUMABLE` is
 refused, before any model is built, with every difference listed; ``config.yaml`` is rewritten only once
 the resume has loaded its checkpoint.
+
+Resuming from the command line (``python -m recipes.run hydra.run.dir=<dir> resume=auto``) starts from the saved
+config, not from the defaults: :func:`saved_base` (core/config/pipeline.py ``prepare``) takes every key of
+``config.yaml`` except those typed on this command line, so a resume typed as the README says continues the run as it
+was started (its steps, checkpointing, ``kl.coef=0``) and only what is typed now is checked against it.
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 from pathlib import Path
+from typing import Sequence
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from core.training.checkpoint import ResumeError
 
@@ -38,6 +45,89 @@ def write_config(run_dir: Path, cfg) -> None:
     node = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(json.loads(json.dumps(cfg)))
     tmp.write_text(OmegaConf.to_yaml(node, resolve=True))
     os.replace(tmp, run_dir / "config.yaml")
+
+
+# A group chosen on the command line whose keys land elsewhere than under its own name (a ``_global_`` package).
+_GROUP_KEYS = {"recipe": ("recipe_name",)}
+
+
+def saved_base(cfg, typed: Sequence[str], run_dir: Path | None):
+    """``cfg`` (composed, scaled) with every key of ``run_dir/config.yaml`` that ``typed`` (the keys or groups set on
+    this command line, core/config/scale.py ``command_line_keys``) does not name set to its saved value, when ``cfg``
+    resumes (``resume`` true or auto) a run dir that holds one; else ``cfg`` as it is. The saved config is resolved
+    and scaled already, so it replaces the defaults and the scale's values alike (a ``scale=tiny`` run resumed
+    without typing it stays tiny); the typed keys keep this command's values and :func:`check_resume_config`
+    refuses those a resume may not change. A key the schema no longer has stays out (and that check lists it)."""
+    saved_path = Path(run_dir) / "config.yaml" if run_dir is not None else None
+    if cfg.resume not in (True, "auto") or saved_path is None or not saved_path.is_file():
+        return cfg
+    saved = yaml.safe_load(saved_path.read_text())
+    if not isinstance(saved, dict):
+        raise ResumeError(f"resume: {saved_path} holds no config, so the run it belongs to cannot be continued")
+    names = [k for t in typed for k in (t.lstrip("+~"), *_GROUP_KEYS.get(t.lstrip("+~"), ()))]
+    cfg = copy.deepcopy(cfg)
+    lacking = _take(cfg, saved, "", tuple(names) + tuple(f"{k}." for k in names))
+    if lacking:
+        raise ResumeError(f"resume: {saved_path} holds keys this command's config has no place for "
+                          f"({', '.join(lacking[:6])}{', ...' if len(lacking) > 6 else ''}): name the recipe and "
+                          f"groups the run was started with (its .hydra/overrides.yaml) on the command line")
+    return cfg
+
+
+def _take(node, saved: dict, prefix: str, typed: tuple[str, ...]) -> list[str]:
+    """``node``'s keys set to ``saved``'s, recursively, but for those ``typed`` names (a typed key, or a key below
+    a typed group); returns the keys its schema lacks. A free-form dict (``verifier.kwargs``) ends with the saved
+    keys and the typed ones; a node the composed config holds as no dict (``rollout.vllm`` where the default
+    rollout has none) takes the saved one whole."""
+    free, lacking = OmegaConf.get_type(node) is dict, []
+    for k, v in saved.items():
+        key = f"{prefix}{k}"
+        if _matches(key, typed):
+            continue
+        if k not in node and not free:
+            lacking.append(key)
+            continue
+        child = node.get(k)
+        if isinstance(v, dict) and OmegaConf.is_dict(child):
+            lacking += _take(child, v, f"{key}.", typed)
+            continue
+        with open_dict(node):
+            if isinstance(v, dict):
+                node.merge_with({k: v})  # from the parent: builds the field's schema type (rollout.vllm)
+            else:
+                node[k] = v
+    if free:
+        with open_dict(node):
+            for k in [k for k in node if k not in saved and not _matches(f"{prefix}{k}", typed)]:
+                del node[k]
+    return lacking
+
+
+def with_saved_recipe(argv: list[str]) -> list[str]:
+    """``argv`` (a ``python -m recipes.run`` command line) with ``recipe=<the run's>`` added when it resumes
+    (``resume`` true or auto) the run dir ``hydra.run.dir`` names, which holds ``config.yaml``, and names no recipe
+    itself: the recipe picks the loop and the groups it was composed from (their schemas), which Hydra composes
+    before any of our code runs. The run's other values come from ``config.yaml`` (:func:`saved_base`)."""
+    from core.launch import hydra_args
+
+    values = dict(o.split("=", 1) for o in hydra_args(argv).overrides if "=" in o)
+    saved = Path(values.get("hydra.run.dir", "")) / "config.yaml"
+    if values.get("resume", "").lower() not in ("true", "auto") or "recipe" in values or not saved.is_file():
+        return argv
+    recipe = (yaml.safe_load(saved.read_text()) or {}).get("recipe_name")
+    return [*argv, f"recipe={recipe}"] if recipe else argv
+
+
+def hydra_run_dir() -> Path | None:
+    """This Hydra job's run dir (its output dir, or the run dir a composed config names: ``--cfg job``); None
+    outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    out = OmegaConf.select(hc, "runtime.output_dir", default=None) or OmegaConf.select(hc, "run.dir", default=None)
+    return Path(out) if out else None
 
 
 def check_resume_config(run_dir: Path, cfg) -> None:

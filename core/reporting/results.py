@@ -15,9 +15,10 @@ TABLE = "runs.jsonl"
 
 
 def append_row(results_dir: Path, row: dict) -> Path:
-    """Append a training run's ``row`` unless the table already has one for its ``run_dir`` (a run resumed
-    after its row was written, before it said it had finished, must not count twice)."""
-    return append_rows(results_dir, [row], key=("kind", "run_dir"))
+    """Append a training run's ``row`` unless the table already has one for its ``run_dir`` and ``steps`` (a run
+    resumed after its row was written, before it said it had finished, must not count twice); a finished run
+    extended to more steps appends its new row, which :func:`latest_rows` reads in place of the old."""
+    return append_rows(results_dir, [row], key=("kind", "run_dir", "steps"))
 
 
 def append_rows(results_dir: Path, rows: list[dict], key: tuple[str, ...]) -> Path:

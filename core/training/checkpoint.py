@@ -128,17 +128,20 @@ class AlreadyFinished(Exception):
 @dataclass
 class PriorRun:
     checkpoint: Path | None  # the newest complete checkpoint, to resume from
+    step: int = 0  # the step it saved
+    finished: int | None = None  # the steps of the finished run this resume extends
 
 
 RESUME_MODES = (False, True, "auto")
 
 
-def prior_run(run_dir: Path, resume) -> PriorRun:
+def prior_run(run_dir: Path, resume, total_steps: int | None = None) -> PriorRun:
     """What ``run_dir`` holds from an earlier run, checked against ``resume`` (false: a fresh run, and the dir
     must hold none; true: continue from its newest complete checkpoint, which must exist; auto: continue if
-    there is one, else start afresh). Raises :class:`AlreadyFinished` for a finished run unless ``resume``
-    is false, :class:`ResumeError` otherwise. Rank 0 looks and repairs (:func:`recover`); every rank gets
-    the answer."""
+    there is one, else start afresh). A finished run (``summary.json``) resumed with more ``total_steps`` than it
+    ran continues from its newest checkpoint; with as many (or ``total_steps`` None) :class:`AlreadyFinished` is
+    raised, :class:`ResumeError` for fewer, for an extension without a checkpoint and for the cases above. Rank 0
+    looks and repairs (:func:`recover`); every rank gets the answer, and the console says what resumes."""
     if resume not in RESUME_MODES:
         raise ResumeError(f"resume={resume!r}: expected false, true or auto")
     run_dir = Path(run_dir)
@@ -148,11 +151,12 @@ def prior_run(run_dir: Path, resume) -> PriorRun:
         recover(run_dir / "model")
         summary = run_dir / "summary.json"
         found = {"checkpoint": str(ckpt) if ckpt else None,
+                 "step": json.loads((ckpt / "trainer.json").read_text())["step"] if ckpt else 0,
                  "summary": json.loads(summary.read_text()) if summary.exists() else None,
                  "metrics": (run_dir / "metrics.jsonl").exists()}
     found = distributed.broadcast_object(found)
     if found["summary"] is not None and resume is not False:
-        raise AlreadyFinished(found["summary"])
+        _check_extension(run_dir, found["summary"], found["checkpoint"], total_steps)
     if resume is False and (found["checkpoint"] or found["summary"] or found["metrics"]):
         raise ResumeError(f"resume=false but {run_dir} already holds a run (metrics.jsonl"
                           f"{', a checkpoint' if found['checkpoint'] else ''}"
@@ -161,9 +165,40 @@ def prior_run(run_dir: Path, resume) -> PriorRun:
     if resume is True and found["checkpoint"] is None:
         raise ResumeError(f"resume=true but {run_dir} holds no complete checkpoint (was train.checkpoint_every 0, "
                           f"or the run killed before its first?); resume=auto starts afresh when there is none")
-    if resume == "auto" and found["checkpoint"] is None:
-        log.info("resume=auto: no checkpoint in %s, starting afresh", run_dir)
-    return PriorRun(Path(found["checkpoint"]) if found["checkpoint"] else None)
+    prior = PriorRun(Path(found["checkpoint"]) if found["checkpoint"] else None, int(found["step"]),
+                     int(found["summary"]["steps"]) if found["summary"] else None)
+    _announce(run_dir, prior, resume, total_steps)
+    return prior
+
+
+def _check_extension(run_dir: Path, summary: dict, checkpoint: str | None, total_steps: int | None) -> None:
+    """A finished run resumed: raise :class:`AlreadyFinished` when it asks for no more steps than it ran, a
+    :class:`ResumeError` saying what to do when it cannot be extended; return when it can."""
+    done = int(summary["steps"])
+    if total_steps is None or total_steps == done:
+        raise AlreadyFinished(summary)
+    if total_steps < done:
+        raise ResumeError(f"{run_dir} holds a run finished at step {done}; train.total_steps={total_steps} would "
+                          f"not extend it: give more than {done} steps to continue it, or a fresh hydra.run.dir")
+    if checkpoint is None:
+        raise ResumeError(f"train.total_steps={total_steps} would extend {run_dir} (finished at step {done}), but "
+                          f"it kept no checkpoint (train.checkpoint_every=0); start a new run from its final model: "
+                          f"model.name_or_path={run_dir}/model hydra.run.dir=<a fresh dir>")
+
+
+def _announce(run_dir: Path, prior: PriorRun, resume, total_steps: int | None) -> None:
+    """One line, before any model is built: the run dir, and what resumes from which step."""
+    if not distributed.is_main():
+        return
+    of = f" of {total_steps}" if total_steps else ""
+    if prior.checkpoint is None:
+        afresh = " (resume=auto: no checkpoint there, starting afresh)" if resume == "auto" else ""
+        log.info("run dir %s%s", run_dir, afresh)
+    elif prior.finished is not None:
+        log.info("extending %s (finished at step %d) to %d steps: resuming from step %d (checkpoint %s)",
+                 run_dir, prior.finished, total_steps, prior.step, prior.checkpoint)
+    else:
+        log.info("resuming %s from step %d%s (checkpoint %s)", run_dir, prior.step, of, prior.checkpoint)
 
 
 def _rank_file(ckpt_dir: Path, stem: str) -> Path:

@@ -1,13 +1,16 @@
 """``resume_allow_changes``: a resume may change the optimiser, and the new values reach the restored
-optimiser (the checkpoint's learning rate does not silently win); without the flag the change is refused."""
+optimiser (the checkpoint's learning rate does not silently win); without the flag the change is refused. A
+resume starts from the run's saved config; a finished run resumed for more steps is extended or told how."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 from core.config import schema
-from core.config.resume import check_resume_config, write_config
-from core.training.checkpoint import ResumeError
+from core.config.resume import check_resume_config, saved_base, with_saved_recipe, write_config
+from core.training.checkpoint import AlreadyFinished, ResumeError, prior_run
 from core.training.backend import Backend
 
 
@@ -49,3 +52,58 @@ def test_an_optimiser_change_is_refused_unless_allowed(compose_cfg, tmp_path):
     with pytest.raises(ResumeError, match="model.tiny.hidden_size: 128 -> 64"):  # never a model change
         check_resume_config(tmp_path, compose_cfg("recipe_name=x", "optim.optimizer.lr=1e-4",
                                                   "resume_allow_changes=true", "model.tiny.hidden_size=64"))
+
+
+def test_a_resume_starts_from_the_saved_config_and_changes_only_the_typed_keys(compose_cfg, tmp_path):
+    write_config(tmp_path, compose_cfg("recipe_name=x", "kl.coef=0", "train.total_steps=8",
+                                       "train.checkpoint_every=2"))
+    based = saved_base(compose_cfg("recipe_name=x", "resume=auto", "train.total_steps=12"),
+                       ("resume", "train.total_steps"), tmp_path)
+    assert (based.kl.coef, based.train.checkpoint_every, based.train.total_steps, based.resume) == (0, 2, 12, "auto")
+    check_resume_config(tmp_path, based)  # kl.coef=0 is the run's own: no complaint
+    fresh = compose_cfg("recipe_name=x", "resume=false")
+    assert saved_base(fresh, ("resume",), tmp_path).kl.coef == fresh.kl.coef  # a fresh run takes nothing
+    typed = saved_base(compose_cfg("recipe_name=x", "resume=true", "kl.coef=0.1"), ("resume", "kl.coef"), tmp_path)
+    with pytest.raises(ResumeError, match="kl.coef: 0.0 -> 0.1"):  # a typed change is checked, never dropped
+        check_resume_config(tmp_path, typed)
+
+
+def test_a_finished_run_asked_for_more_or_fewer_steps(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"run_dir": str(tmp_path), "steps": 8}))
+    with pytest.raises(AlreadyFinished):
+        prior_run(tmp_path, "auto", 8)
+    with pytest.raises(ResumeError, match=r"kept no checkpoint \(train.checkpoint_every=0\); start a new run from "
+                                          r"its final model: model.name_or_path="):
+        prior_run(tmp_path, True, 12)
+    with pytest.raises(ResumeError, match="finished at step 8; train.total_steps=6 would not extend it"):
+        prior_run(tmp_path, "auto", 6)
+
+
+def test_a_resume_typed_with_no_recipe_takes_the_saved_recipe_whole(compose_cfg, tmp_path):
+    """Another recipe's run resumed without naming it: its nodes the default recipe holds as none (the vLLM
+    settings), or as other free-form dicts (the weighted verifier's terms), come from config.yaml."""
+    from omegaconf import OmegaConf
+
+    saved = compose_cfg("recipe=open_r1_grpo_1_5b", "recipe_name=x", "rollout=vllm", "zero=stage2")
+    write_config(tmp_path, saved)
+    based = saved_base(compose_cfg("recipe_name=y", "resume=auto"), ("resume",), tmp_path)
+
+    def values(cfg) -> dict:
+        return {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "resume"}
+
+    assert values(based) == values(saved)
+
+
+def test_a_resume_that_names_no_recipe_composes_the_runs_own(tmp_path):
+    (tmp_path / "config.yaml").write_text("recipe_name: tiny_rm\nloop: rm\n")
+    resume = ["resume=auto", f"hydra.run.dir={tmp_path}"]
+    assert with_saved_recipe(resume) == [*resume, "recipe=tiny_rm"]  # its loop and groups, not the default's
+    assert with_saved_recipe([*resume, "recipe=tiny_math_grpo"]) == [*resume, "recipe=tiny_math_grpo"]
+    assert with_saved_recipe(["resume=false", f"hydra.run.dir={tmp_path}"]) == ["resume=false",
+                                                                               f"hydra.run.dir={tmp_path}"]
+
+
+def test_a_saved_key_this_config_has_no_place_for_is_refused(compose_cfg, tmp_path):
+    (tmp_path / "config.yaml").write_text("loop: rm\ntrain:\n  batch_size: 64\n")
+    with pytest.raises(ResumeError, match=r"holds keys this command's config has no place for \(train.batch_size\)"):
+        saved_base(compose_cfg("recipe_name=x", "resume=auto"), ("resume",), tmp_path)
