@@ -40,7 +40,7 @@ def test_a_run_killed_at_step_5_resumes_by_the_readme_command_as_it_started(unin
     killed = subprocess.run(cli_command(tmp_path, *FIRST), cwd=PROJECT_ROOT, env=env, capture_output=True,
                             text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-3000:]
-    assert f"run dir {run_dir}" in killed.stdout + killed.stderr  # named at the start
+    assert f"run dir     {run_dir}" in killed.stdout + killed.stderr  # named at the start (the start summary)
     started = _config(run_dir)
     resumed = run_cli(tmp_path, "resume=auto")  # hydra.run.dir=<dir> (and this test's results dir): nothing else
     out = resumed.stdout + resumed.stderr

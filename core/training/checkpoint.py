@@ -167,7 +167,7 @@ def prior_run(run_dir: Path, resume, total_steps: int | None = None) -> PriorRun
                           f"or the run killed before its first?); resume=auto starts afresh when there is none")
     prior = PriorRun(Path(found["checkpoint"]) if found["checkpoint"] else None, int(found["step"]),
                      int(found["summary"]["steps"]) if found["summary"] else None)
-    _announce(run_dir, prior, resume, total_steps)
+    _announce(run_dir, prior, total_steps)
     return prior
 
 
@@ -186,15 +186,13 @@ def _check_extension(run_dir: Path, summary: dict, checkpoint: str | None, total
                           f"model.name_or_path={run_dir}/model hydra.run.dir=<a fresh dir>")
 
 
-def _announce(run_dir: Path, prior: PriorRun, resume, total_steps: int | None) -> None:
-    """One line, before any model is built: the run dir, and what resumes from which step."""
-    if not distributed.is_main():
+def _announce(run_dir: Path, prior: PriorRun, total_steps: int | None) -> None:
+    """One line, before any model is built, when a checkpoint resumes: from which step (a fresh run's dir is in the
+    loop's start summary, core/reporting/console.py)."""
+    if not distributed.is_main() or prior.checkpoint is None:
         return
     of = f" of {total_steps}" if total_steps else ""
-    if prior.checkpoint is None:
-        afresh = " (resume=auto: no checkpoint there, starting afresh)" if resume == "auto" else ""
-        log.info("run dir %s%s", run_dir, afresh)
-    elif prior.finished is not None:
+    if prior.finished is not None:
         log.info("extending %s (finished at step %d) to %d steps: resuming from step %d (checkpoint %s)",
                  run_dir, prior.finished, total_steps, prior.step, prior.checkpoint)
     else:
