@@ -216,7 +216,10 @@ def with_checkpointing(model, model_cfg):
     """``model`` with gradient checkpointing (non-reentrant, no KV cache) when ``model.gradient_checkpointing``.
     It runs only in train mode (transformers checks ``self.training``): see :func:`for_training`."""
     if model_cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x: the old name warns (FutureWarning)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:  # the floor of pyproject.toml (transformers 5.0) has only the old name
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     return model
 

@@ -119,3 +119,12 @@ def test_rng_forks_only_the_device_in_use(monkeypatch, tmp_path):
     with D.fork_rng(torch.device("meta")):
         pass
     assert seen == [[], [], [torch.device("cuda", 3)], []]  # build, critic head, a GPU, the meta device
+
+
+def test_checkpointing_is_enabled_without_transformers_deprecation_warnings(compose_cfg, recwarn):
+    """``model.gradient_checkpointing`` enables transformers' activation checkpointing by its current name: the old
+    ``gradient_checkpointing_enable`` warns (FutureWarning) once per model built, on every run (issue 27, noise)."""
+    cfg = compose_cfg("scale=tiny", "model.gradient_checkpointing=true")
+    model = loading.load_causal_lm(loading.model_dir(cfg.model), cfg.model)
+    assert model.is_activation_checkpointing and not model.config.use_cache
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)], [str(w.message) for w in recwarn]
