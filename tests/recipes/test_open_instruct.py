@@ -149,7 +149,7 @@ def test_the_tulu_template_renders_prompts_as_open_instruct_does():
 
 FIGURES = {
     "open_instruct_rlvr_8b": [
-        "7 learner GPU(s) + 1 rollout GPU(s) on 1 node(s) x 8; 1 vLLM engine(s) x TP 1 (dedicated)",
+        "7 learner GPU(s) + 1 rollout GPU(s) on 1 node(s) x 8; rollout.engine=vllm_server: 1 vLLM engine(s) x TP 1 (dedicated)",
         "--local_rollout_batch_size: 32 -> 32 x 7 = 224 prompts per step",
         "--local_mini_batch_size: 32 -> 1 mini-batch(es) per epoch",
         "--per_device_train_batch_size: 2 (gradient accumulation 16)",
@@ -157,14 +157,14 @@ FIGURES = {
         "44642 x 4 = 178568 optimiser steps; schedule linear over 178568, warmup 0",
         "note: articles say the 8B run trained about 50,000 episodes"],
     "open_instruct_rlvr_70b": [
-        "40 learner GPU(s) + 4 rollout GPU(s) on 6 node(s) x 8; 1 vLLM engine(s) x TP 4 (dedicated)",
+        "40 learner GPU(s) + 4 rollout GPU(s) on 6 node(s) x 8; rollout.engine=vllm_server: 1 vLLM engine(s) x TP 4 (dedicated)",
         "--local_rollout_batch_size: 16 -> 16 x 40 = 640 prompts per step",
         "--per_device_train_batch_size: 1 (gradient accumulation 16)",
         "--total_episodes: 400,000 -> 400,000 // 640 = 625 steps (= train.total_steps)",
         "--warmup_ratio: 0.1 -> warmup 250 of 2,500 optimiser steps; --warm_up_steps ignored (warmup_override_bug)",
         "4 GPUs while 4 sit idle"],
     "open_instruct_grpo_8b": [
-        "6 learner GPU(s) + 2 rollout GPU(s) on 1 node(s) x 8; 1 vLLM engine(s) x TP 2 (dedicated)",
+        "6 learner GPU(s) + 2 rollout GPU(s) on 1 node(s) x 8; rollout.engine=vllm_server: 1 vLLM engine(s) x TP 2 (dedicated)",
         "--local_rollout_batch_size: 8 -> 8 x 6 = 48 prompts per step",
         "--number_samples_per_prompt: 16", "--local_mini_batch_size: 64 -> 2 mini-batch(es) per epoch",
         "--per_device_train_batch_size: 2 (gradient accumulation 32)",

@@ -192,7 +192,7 @@ def test_explain_quotes_512_completions_as_32_prompts_of_16():
     proc = explain("recipe=open_r1_grpo_1_5b")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "GPUs: 8 learner GPU(s) + 8 rollout GPU(s) on 2 node(s) x 8; 8 vLLM engine(s) x TP 1 (dedicated)" in out
+    assert "GPUs: 8 learner GPU(s) + 8 rollout GPU(s) on 2 node(s) x 8; rollout.engine=vllm_server: 8 vLLM engine(s) x TP 1 (dedicated)" in out
     assert "one RL step: train.prompts_per_step 32 x train.group_size 16 = 512 completions" in out
     assert "  per_device_train_batch_size: 16 (train.micro_batch_size)" in out
     assert "  gradient_accumulation_steps: 4 = 512 / (16 x 8)" in out

@@ -93,7 +93,7 @@ def test_explain_reproduces_the_published_figures(shared_data):
     out = proc.stdout
     for line in ("8360 training rows after the filters -> 8 RL steps per epoch",
                  "data.max_prompt_length: 1024 characters of the prompt: 8523 rows -> 8360",
-                 "steps run: 100 = 12 full epochs of 8 + 4 steps: about 12 epochs, 12 x rollout.n 8 = 96 views",
+                 "steps run: 100 = 12 full epochs of 8 + 4 steps (12.50 epochs, about 98 views of each example at rollout.n 8)",
                  "trainer.total_epochs: 20 x 8 steps (drop_last) = 160 steps",
                  "data.train_batch_size: 1024 prompts", "actor_rollout_ref.rollout.n: 8 -> 8192 responses per step",
                  "actor.ppo_mini_batch_size: 256 prompts = 2048 responses -> 4 optimiser steps per rollout",
@@ -108,7 +108,7 @@ def test_explain_reproduces_the_published_figures(shared_data):
 def test_explain_states_the_32b_layout(shared_data):
     proc = explain("recipe=simplerl_zoo_32b")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for line in ("64 learner GPU(s) on 8 node(s) x 8; 8 vLLM engine(s) x TP 8", "micro_batch_size 2 x 16 accumulated",
+    for line in ("64 learner GPU(s) on 8 node(s) x 8; rollout.engine=vllm: 8 vLLM engine(s) x TP 8", "micro_batch_size 2 x 16 accumulated",
                  "160 global // 64 GPUs = 2 per GPU (train.logprob_micro_batch_size 2)"):
         assert line in proc.stdout, (line, proc.stdout)
 
