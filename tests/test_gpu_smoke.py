@@ -70,11 +70,14 @@ TOLERANCE = 0.01
 def test_train_flops_per_token_matches_torch_flop_counter(tied, recompute):
     """With recompute the device does less than a whole extra forward of the layers: PyTorch's checkpoint stops
     before each layer's last matmul, the MLP down projection (train_flops_per_token's docstring)."""
+    from omegaconf import OmegaConf
+
     from bench.gpu_smoke import train_flops_per_token
+    from core.models.loading import with_checkpointing
 
     config, model = _tiny_qwen2(tie_word_embeddings=tied)
     if recompute:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        with_checkpointing(model, OmegaConf.create({"gradient_checkpointing": True}))  # as the loops enable it
     model.train()
     counted = _counted_flops_per_token(model, batch=2, seq=96)
     skipped = 2 * sum(layer.mlp.down_proj.weight.numel() for layer in model.model.layers) if recompute else 0
