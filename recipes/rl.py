@@ -272,11 +272,10 @@ def rl_step(run: Run) -> dict:
     n_global = roll.input_ids.shape[0] * distributed.world()
     beta = run.kl_ctl.update(kl_metrics.get("kl_reward", upd.get("kl", 0.0)), n_global)
     # the whole step's rows, every rank's, for the logged statistics
-    scores, lengths, stopped = (distributed.gather_rows(x.float()) for x in (scores, roll.response_lengths, stopped))
-    valid = distributed.gather_rows(valid.float()).bool()
+    lengths, stopped = (distributed.gather_rows(x.float()) for x in (roll.response_lengths, stopped))
     tokens = distributed.all_sum(torch.stack([roll.response_mask.sum(), roll.attention_mask.sum()]).double())
     return {
-        **reward_metrics(scored), "reward/shaped_mean": scores[valid].mean().item(),
+        **reward_metrics(scored, scores),
         "length/mean": lengths.mean().item(), "length/max": lengths.max().item(),
         "length/truncated_frac": 1.0 - stopped.float().mean().item(), "kl/beta": beta,
         "tokens/generated": tokens[0].item(), "tokens/total": tokens[1].item(), **kl_metrics, **upd,

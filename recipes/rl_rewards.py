@@ -71,15 +71,17 @@ def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = Fal
                   torch.tensor([c is not None for c in ok], device=dev), terms, labels, texts)
 
 
-def reward_metrics(s: Scored) -> dict[str, float]:
+def reward_metrics(s: Scored, shaped: torch.Tensor) -> dict[str, float]:
     """The step's reward statistics over every rank's rows: the verifier's reward (what trains) mean, std and
-    skipped count; ``accuracy``, the share of judged completions its correctness term calls correct; each weighted
-    term's mean over the completions it scored (``rewards/<term>/mean``, TRL's names)."""
-    raw, correct, terms = (distributed.gather_rows(x.float()) for x in (s.raw, s.correct, s.terms))
+    skipped count, and the mean of its ``shaped`` scores ``[N]``; ``accuracy``, the share of judged completions its
+    correctness term calls correct; each weighted term's mean over the completions it scored
+    (``rewards/<term>/mean``, TRL's names)."""
+    raw, shaped, correct, terms = (distributed.gather_rows(x.float()) for x in (s.raw, shaped, s.correct, s.terms))
     valid, judged = (distributed.gather_rows(x.float()).bool() for x in (s.valid, s.judged))
     nan = float("nan")
     return {
         "reward/mean": raw[valid].mean().item(), "reward/std": raw[valid].std().item() if valid.sum() > 1 else 0.0,
+        "reward/shaped_mean": shaped[valid].mean().item(),
         "reward/skipped": int((~valid).sum()), "accuracy": correct[judged].mean().item() if judged.any() else nan,
         **{f"rewards/{k}/mean": terms[:, j].nanmean().item() for j, k in enumerate(s.labels)},
     }
