@@ -56,7 +56,7 @@ def test_the_engine_line_names_what_the_config_generates_with():
     assert "rollout.engine=vllm: 8 vLLM engine(s) x TP 2 (colocate)" in out
 
 
-def test_the_views_of_each_example_are_one_figure():
+def test_the_views_of_each_example_are_one_figure(shared_data):  # the rows are counted from the real data
     """SimpleRL-Zoo 7B: 100 steps x 8192 completions over 8360 rows, the same figure in our keys and in veRL's
     flags (issue 27: "about 100 views" and "96 views" in one output)."""
     out = explain("recipe=simplerl_zoo_7b").stdout

@@ -59,15 +59,19 @@ def problems(cfg, world: int, packages: bool = True) -> list[str]:
 
 
 def _data_file_problems(data) -> list[str]:
-    """Each local data file the config names and its source reads (``data.path``, ``data.eval_path``) exists; the
-    rows themselves are checked as they are read (core/data/prompts.py ``read_rows``)."""
+    """Each local data file of one's own the config names and its source reads (``data.path``, ``data.eval_path``)
+    exists. Files under the shared data dir (``paths.data_dir``: the recipes' own, often mounted only where runs
+    go, and absent from a fresh clone) are checked as they are read, still before any model
+    (core/data/prompts.py ``read_rows``), like the rows themselves."""
     from core import paths
 
     reads = {"path": data.source in ("file", "code_stdio"),
              "eval_path": data.get("eval", "source") == "source" and  # pairs: a held-out source of their own
                           data.get("eval_source", data.source) in ("file", "code_stdio")}
-    return [f"data.{key}={data[key]}: data file not found: {paths.resolve(data[key])}"
-            for key, read in reads.items() if read and data.get(key) and not paths.resolve(data[key]).exists()]
+    shared = paths.data_dir()
+    return [f"data.{key}={data[key]}: data file not found: {f}" for key, read in reads.items()
+            if read and data.get(key) and not (f := paths.resolve(data[key])).exists()
+            and not f.is_relative_to(shared)]
 
 
 def refuse(errors: list[str]) -> None:
