@@ -42,7 +42,10 @@ def test_values_and_gradients_equal_fp32_log_softmax(temperature, entropy_grad, 
     (lp, ent, got), (ref_lp, ref_ent, want) = _grads(logits, targets, temperature, entropy_grad,
                                                      torch.randn(2, 5, generator=g))
     torch.testing.assert_close(lp, ref_lp, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(ent, ref_ent, atol=1e-6, rtol=1e-5)
+    # H = logsumexp(z) - sum(p z) subtracts terms of size ~max|z|: its fp32 rounding floor is absolute and
+    # depends on the kernel's summation order (AVX-512 differs from AVX2 here by 2e-6 at z up to 13)
+    floor = 16 * torch.finfo(torch.float32).eps * logits.detach().abs().max().item() / temperature
+    torch.testing.assert_close(ent, ref_ent, atol=floor, rtol=1e-5)
     # the entropy gradient -p (z - sum(p z)) cancels terms of size ~|z| p: an absolute fp32 rounding floor
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
