@@ -46,7 +46,7 @@ from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset
 from core.reporting.results import append_row, command_line_overrides, write_summary
 from core.rollout import Sampling, build_rollout
 from core.rollout.ahead import GenerationAhead, RolloutEngine
-from core.training import distributed
+from core.training import distributed, preemption
 from core.training.backend import Backend, FrozenModel, TrainEngine
 from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
@@ -132,7 +132,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     cfg = prepared.frozen
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     backend = Backend(cfg.zero, device, check_precision(cfg.model.dtype, device))
-    rank, _ = distributed.init(device)
+    rank, _ = distributed.init(device, cfg.collective_timeout_s)
     seed_everything(cfg.seed, cfg.deterministic)
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
     plan = prepared.plan.for_rows(len(train_rows))  # a step's prompts fit in the data: before any model
@@ -214,6 +214,7 @@ def train(run: Run) -> None:
         run.history["eval_before"] = announced_evaluation(run, "before RL")
         run.writer.log(0, {"eval/accuracy": run.history["eval_before"]})
     start = time.perf_counter()
+    stop = preemption.install(run.run_dir)  # SIGUSR1, SIGTERM: finish the step, checkpoint, exit
     bar = tqdm(total=total, initial=run.step, desc=run.cfg.recipe_name,
                disable=not (cfg.logger.progress and distributed.is_main()), dynamic_ncols=True)
     while run.step < total:
@@ -227,11 +228,14 @@ def train(run: Run) -> None:
         bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}",
                         kl=f"{metrics.get('kl', 0.0):.4f}")
         bar.update()
-        if t.checkpoint_every and (run.step % t.checkpoint_every == 0 or run.step == total):  # the last: to extend
+        stopping = stop.agreed()  # every rank, once per step: a signal to any rank stops all after this step
+        if stopping or t.checkpoint_every and (run.step % t.checkpoint_every == 0 or run.step == total):
             save_training_state(run.run_dir / "checkpoint", run,
                                 {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
                                  "kl_beta": run.kl_ctl.beta, "metrics_rows": run.writer.rows,
                                  "sample_rows": run.writer.sample_rows}, local=run.gen.state())
+        if stopping:  # checkpointed: exit so the job is requeued (core/training/preemption.py)
+            stop.exit(stopping, run.step)
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
     run.history["eval_after"] = keep_best(run, announced_evaluation(run, "after RL"))

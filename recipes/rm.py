@@ -34,7 +34,7 @@ from core.models.loading import for_training, load_tokenizer, model_dir
 from core.reporting.console import announced, log_step, start_summary
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory, to_floats
 from core.reporting.results import append_row, command_line_overrides, write_summary
-from core.training import distributed
+from core.training import distributed, preemption
 from core.training.backend import Backend, TrainEngine
 from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
@@ -97,7 +97,7 @@ def setup(cfg) -> Run:
     cfg = prepared.frozen
     device = resolve_device(cfg.device)  # before any model: a device or precision it cannot run fails here
     backend = Backend(cfg.zero, device, check_precision(cfg.model.dtype, device))
-    distributed.init(device)
+    distributed.init(device, cfg.collective_timeout_s)
     seed_everything(cfg.seed, cfg.deterministic)
     train_rows, eval_rows, stats = PD.load_pairs(cfg.data)  # text checks: before any model
     prepared.plan.for_rows(len(train_rows))  # the pairs make a step before the length filters: before any model
@@ -189,6 +189,7 @@ def train(run: Run) -> None:
         run.writer.log(0, run.history["eval_before"])
     start = time.perf_counter()
     total = run.plan.total_steps
+    stop = preemption.install(run.run_dir)  # SIGUSR1, SIGTERM: finish the step, checkpoint, exit
     bar = tqdm(total=total, initial=run.step, desc=run.cfg.recipe_name,
                disable=not (run.cfg.logger.progress and distributed.is_main()), dynamic_ncols=True)
     while run.step < total:
@@ -201,10 +202,13 @@ def train(run: Run) -> None:
             log_step(log, run.step, total, metrics)
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}")
         bar.update()
-        if t.checkpoint_every and (run.step % t.checkpoint_every == 0 or run.step == total):  # the last, as RL's
+        stopping = stop.agreed()  # every rank, once per step: a signal to any rank stops all after this step
+        if stopping or t.checkpoint_every and (run.step % t.checkpoint_every == 0 or run.step == total):
             save_training_state(run.run_dir / "checkpoint", run.engine,
                                 {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
                                  "metrics_rows": run.writer.rows})
+        if stopping:  # checkpointed: exit so the job is requeued (core/training/preemption.py)
+            stop.exit(stopping, run.step)
     bar.close()
     run.history["train_seconds"] = run.history.get("train_seconds", 0.0) + time.perf_counter() - start
     run.history["eval_after"] = announced_evaluation(run, "after training", keep_rewards=True)

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # Keys a resume may change: how long it runs and how it reports, where it runs and reads its data (a dedicated
 # generation server's address is the new allocation's).
 RESUMABLE = ("resume", "resume_allow_changes", "train.total_steps", "train.eval_every", "train.checkpoint_every",
-             "logger.", "device", "cpu_threads", "paths.", "rollout.server.")
+             "logger.", "device", "cpu_threads", "collective_timeout_s", "paths.", "rollout.server.")
 # What ``resume_allow_changes=true`` adds: the optimiser and its schedule (applied to the restored optimiser
 # by core/training/optim.py ``retune``, not ignored).
 OPTIMISATION = ("optim.",)

@@ -42,6 +42,11 @@ class Config:
     deterministic: bool = False
     device: str = MISSING
     cpu_threads: int = ck(MISSING, NONNEG)
+    # Seconds a rank waits in one collective before it fails (core/training/distributed.py init): a hung peer ends
+    # the job after this; a dead one sooner (torchrun stops the group: docs/reliability.md "A dead rank"). 1800:
+    # transformers' TrainingArguments.ddp_timeout (TRL's runs) and torch's gloo default; it must exceed the longest
+    # wait of one rank for another (rank 0 saving a model, a generation server answering).
+    collective_timeout_s: float = ck(1800.0, above(0))
     recipe_name: str = MISSING
     resume: Any = ck(MISSING, BOOL_OR_AUTO)
     resume_allow_changes: bool = MISSING

@@ -17,15 +17,18 @@ import torch
 import torch.distributed as dist
 
 
-def init(device: torch.device) -> tuple[int, int]:
+def init(device: torch.device, timeout_s: float | None = None) -> tuple[int, int]:
     """Bind this process to ``device``, start the process group when launched with ``WORLD_SIZE > 1``;
-    return ``(rank, world)``. DeepSpeed picks its accelerator when first imported: on the CPU it is told."""
+    return ``(rank, world)``. DeepSpeed picks its accelerator when first imported: on the CPU it is told.
+    ``timeout_s`` (config ``collective_timeout_s``; None: torch's default) bounds every collective of the group: a
+    rank that waits longer for a peer fails (docs/reliability.md "A dead rank")."""
     if device.type == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
     else:
         torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+        timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", timeout=timeout)
     return rank(), world()
 
 
@@ -50,6 +53,13 @@ def all_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum of ``x`` over ranks (in place, returned)."""
     if world() > 1:
         dist.all_reduce(x)
+    return x
+
+
+def all_max(x: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum of ``x`` over ranks (in place, returned)."""
+    if world() > 1:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
     return x
 
 
