@@ -63,8 +63,9 @@ def math_killed_after(completions: list[str], **columns) -> list[float | None]:
 def math_signalled_after(completions: list[str], **columns) -> list[float | None]:
     """The math verifier, which sends a signal once, when the ``metrics.jsonl`` named by ``$RLR_TEST_SIGNAL``
     (``<file>:<step>:<SIGNAME>:<who>``) records that training step: ``who`` is ``agent`` (rank 0 signals its parent,
-    the torchrun agent, as Slurm signals a job step's task) or a rank number (that rank signals itself alone). So a
-    signal lands inside the next step, at the same place on any machine. Without the variable, the math verifier."""
+    the torchrun agent, as Slurm signals a job step's task), a rank number (that rank signals itself alone) or
+    ``pid<N>`` (rank 0 signals process N: a generation server). So a signal lands inside the next step, after its
+    generation, at the same place on any machine. Without the variable, the math verifier."""
     import json
     import os
     import signal
@@ -80,8 +81,12 @@ def math_signalled_after(completions: list[str], **columns) -> list[float | None
         rank = dist.get_rank() if dist.is_initialized() else 0
         sent = Path(f"{path}.signalled{rank}")
         rows = [json.loads(line) for line in Path(path).read_text().splitlines()] if Path(path).exists() else []
-        if (who == "agent" and rank == 0 or who == str(rank)) and not sent.exists() and \
-                any("reward/mean" in r and r["step"] >= int(step) for r in rows):
+        target = os.getpid() if who == str(rank) else None
+        if rank == 0 and who == "agent":
+            target = os.getppid()
+        elif rank == 0 and who.startswith("pid"):
+            target = int(who[3:])
+        if target is not None and not sent.exists() and any("reward/mean" in r and r["step"] >= int(step) for r in rows):
             sent.touch()
-            os.kill(os.getppid() if who == "agent" else os.getpid(), getattr(signal, name))
+            os.kill(target, getattr(signal, name))
     return math_reward(completions, **columns)

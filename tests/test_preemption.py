@@ -54,6 +54,7 @@ def _stopped_then_resumed(tmp: Path, proc: subprocess.CompletedProcess, signame:
     assert [r["steps"] for r in results(tmp)] == [6] and not (run_dir / preemption.MARKER).exists()
 
 
+@pytest.mark.slow
 def test_one_process_stops_on_sigterm_with_the_requeue_code_and_resumes(tmp_path):
     proc = _run(tmp_path, "SIGTERM:0", nproc=1)
     assert proc.returncode == preemption.REQUEUE_EXIT, proc.stderr[-3000:]

@@ -148,7 +148,11 @@ class ServerConfig:
     hosts: List[str] = field(default_factory=lambda: ["0.0.0.0"])
     port: int = ck(8000, between(1, 65535))
     group_port: int = ck(51216, between(1, 65535))
-    timeout_s: float = ck(240.0, above(0))
+    timeout_s: float = ck(240.0, above(0))  # seconds the start-up health check waits for each server (TRL's)
+    # Seconds each request to a server may take once it is up (a generation, a weight push, a cache reset), before
+    # the run fails naming the server (core/rollout/server.py bound_requests; TRL's client waits forever). Below
+    # collective_timeout_s: the other ranks wait in a collective while rank 0 waits on the server.
+    request_timeout_s: float = ck(900.0, above(0))
     client: str = "trl.generation.vllm_client.VLLMClient"  # the client class: TRL's (tests name a CPU double)
 
 

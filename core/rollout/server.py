@@ -80,6 +80,7 @@ class ServerRollout:
                 except OSError as e:  # requests' ConnectionError (TRL's check_server) is an OSError
                     raise ConnectionError(f"no vLLM server answered at {url}/health within rollout.server.timeout_s="
                                           f"{server.timeout_s} s (engine {j} of rollout.server.hosts): {e}") from e
+                bound_requests(client.session, float(server.request_timeout_s))
                 client.init_communicator(device=self.device)  # joins the server's weight group as its rank 0
                 self.clients.append(client)
         self._metadata: list | None = None
@@ -96,12 +97,13 @@ class ServerRollout:
                               for name, p in engine.module.named_parameters()]  # ZeRO-3: the full shape, no gather
         params = engine.named_full_parameters()  # one walk for every engine (gathers are collective)
         if self.clients:
-            fan_out(params, [lambda it, c=c: c.update_named_params(self._metadata, it) for c in self.clients])
+            fan_out(params, [lambda it, c=c, u=u: naming(u, c.update_named_params, self._metadata, it)
+                             for c, u in zip(self.clients, self.urls)])
         else:
             for _ in params:  # take part in the gathers
                 pass
-        for client in self.clients:
-            client.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        for client, url in zip(self.clients, self.urls):
+            naming(url, client.reset_prefix_cache)  # cached prefixes were computed with the old weights
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> RolloutBatch:
         return self.start_generate(prompts, sampling).result()
@@ -127,14 +129,48 @@ class ServerRollout:
                       top_p=1.0 if greedy else sampling.top_p, top_k=0 if greedy else max(sampling.top_k, 0),
                       max_tokens=sampling.max_new_tokens, logprobs=0,
                       generation_kwargs={"stop_token_ids": self.eos_ids, "skip_special_tokens": False})
-        shares = [(client, share) for client, share in zip(self.clients, even_shares(len(prompts), len(self.clients)))
-                  if share.stop > share.start]
+        splits = even_shares(len(prompts), len(self.clients))
+        shares = [(c, url, share) for c, url, share in zip(self.clients, self.urls, splits) if share.stop > share.start]
         with ThreadPoolExecutor(max_workers=len(shares)) as pool:
-            outs = list(pool.map(lambda cs: cs[0].generate(prompts[cs[1]], **kwargs), shares))
+            outs = list(pool.map(lambda cus: naming(cus[1], cus[0].generate, prompts[cus[2]], **kwargs), shares))
         resp = [ids for out in outs for ids in out["completion_ids"]]
         lps = [_sampled_logprobs(seq_ids, seq_lps, r) for out in outs
                for seq_ids, seq_lps, r in zip(out["logprob_token_ids"], out["logprobs"], out["completion_ids"])]
         return resp, lps
+
+
+class GenerationServerError(RuntimeError):
+    """A generation server that stopped answering mid-run: the message names it and says what to do."""
+
+
+def naming(url: str, call, *args, **kwargs):
+    """``call(*args, **kwargs)`` on the client of the server at ``url``; a failure (refused, timed out, an error
+    answer) is re-raised as :class:`GenerationServerError` naming the server and what to do."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (requests' errors, TRL's bare Exception for a non-200 answer)
+        raise GenerationServerError(
+            f"the generation server at {url} failed mid-run ({type(e).__name__}: {e}). It died, hung past "
+            f"rollout.server.request_timeout_s, or answered an error: check its log (launch/slurm.sbatch starts one "
+            f"`vllm serve` per engine), restart it, then continue the run with hydra.run.dir=<its run dir> "
+            f"resume=auto (from the newest checkpoint: train.checkpoint_every)") from e
+
+
+def bound_requests(session, timeout_s: float) -> None:
+    """Give every request of a ``requests`` session (TRL's ``VLLMClient.session``) a timeout of ``timeout_s``
+    seconds unless it names one, and re-send none that timed out while reading (TRL's ``Retry(read=5)`` would post
+    a timed-out generation six times); refused connections and 500/502/503 keep TRL's retries (5 and 3, backoff
+    0, 4, 8, 16, 32 s: a dead server fails a request in about a minute)."""
+    for prefix in ("http://", "https://"):
+        adapter = session.get_adapter(prefix)
+        adapter.max_retries = adapter.max_retries.new(read=0)
+    request = session.request
+
+    def timed(method, url, **kwargs):
+        kwargs.setdefault("timeout", timeout_s)
+        return request(method, url, **kwargs)
+
+    session.request = timed
 
 
 def fan_out(items, consumers: list) -> None:
@@ -197,12 +233,15 @@ class PendingGeneration:
         if self.future is not None:  # rank 0: a failure reaches every rank, not only the one that saw it
             try:
                 payload = ("ok", self.future.result())
+            except GenerationServerError as e:  # re-raised on every rank below
+                payload = ("error", str(e))
             except Exception as e:  # noqa: BLE001 (re-raised on every rank below)
-                payload = ("error", f"{type(e).__name__}: {e}")
+                payload = ("error", f"generation on the vLLM server(s) {', '.join(self.rollout.urls)} failed: "
+                                    f"{type(e).__name__}: {e}")
         payload = distributed.broadcast_object(payload)
         self.rollout._pending = None
         if payload[0] == "error":
-            raise RuntimeError(f"generation on the vLLM server(s) {', '.join(self.rollout.urls)} failed: {payload[1]}")
+            raise GenerationServerError(payload[1])
         resp, lps = payload[1]
         mine = slice(self.start, self.start + len(self.prompts))
         r = self.rollout
