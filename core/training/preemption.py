@@ -72,6 +72,7 @@ class StopRequest:
             log.warning("stopped after step %d on %s: checkpoint written to %s/checkpoint; exit %d so the job is "
                         "requeued; continue with hydra.run.dir=%s resume=auto", step, name, self.run_dir,
                         REQUEUE_EXIT, self.run_dir)
+        distributed.barrier()  # the marker is written before any rank exits (srun --kill-on-bad-exit ends the rest)
         previous = self.previous.get(signum)
         if signum == submitit_signal() and callable(previous):
             signal.signal(signum, previous)
