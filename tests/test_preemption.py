@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from core.paths import PROJECT_ROOT
 from core.training import preemption
@@ -93,4 +91,55 @@ def test_every_rank_agrees_on_one_ranks_signal(tmp_path):
         for sig, handler in stop.previous.items():
             signal.signal(sig, handler)
     assert signal.getsignal(signal.SIGUSR1) == before
-    assert torch.tensor([3]).item() == 3 and sys.platform != "win32"
+
+
+def test_submitits_signal_is_deferred_to_the_step_end_then_handed_to_submitits_handler(tmp_path, monkeypatch):
+    """In a submitit task, submitit's USR2 handler (its checkpoint-and-requeue) does not run when the signal lands:
+    the loop records it, and after the step's checkpoint the handler runs once, then the rank exits."""
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    calls = []
+    before = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))  # stands for submitit's
+    stop = preemption.install(tmp_path)
+    try:
+        signal.raise_signal(signal.SIGUSR2)
+        assert calls == [] and stop.agreed() == signal.SIGUSR2  # recorded only: the step goes on
+        with pytest.raises(SystemExit) as out:
+            stop.exit(stop.agreed(), 4)
+        assert calls == [signal.SIGUSR2] and out.value.code == preemption.REQUEUE_EXIT
+    finally:
+        for sig, handler in stop.previous.items():
+            signal.signal(sig, handler)
+        signal.signal(signal.SIGUSR2, before)
+
+
+def test_the_sbatch_script_requeues_a_stopped_run_and_the_requeued_job_resumes_it(tmp_path, monkeypatch):
+    """launch/slurm.sbatch with test doubles (tests/test_launch.py): the ranks stopped on SIGUSR1 (the srun double
+    leaves requeue.json and fails, as torchrun does) -> ``scontrol requeue <job>``; the requeued attempt
+    (SLURM_RESTART_COUNT=1) plans and runs the same run dir with resume=auto, after removing the old marker."""
+    from tests.test_launch import _sbatch, _stubs
+
+    run_dir = tmp_path / "run"
+    plan = {"NODES": 1, "GPUS_PER_NODE": 8, "LEARNER_NODES": 1, "NPROC_PER_NODE": 8, "LEARNER_DEVICES": "",
+            "ROLLOUT_GPUS": 0, "TP": 1, "ENGINES": 0, "SERVERS": "", "SERVE_ARGS": "", "SERVER_TIMEOUT": 0,
+            "MODEL": "", "RUN_DIR": str(run_dir)}
+    bin_dir = _stubs(tmp_path, monkeypatch, **plan)
+    python = (bin_dir / "python").read_text()
+    (bin_dir / "python").write_text(python.replace("#!/bin/bash\n", '#!/bin/bash\necho "plan $*" >> "$STUB_LOG"\n', 1))
+    (bin_dir / "srun").write_text('#!/bin/bash\nprintf "%s\\n" "$*" >> "$STUB_LOG"\n'
+                                  '[[ -n "${STUB_STOP:-}" ]] && mkdir -p "$STUB_STOP" && echo "{}" > "$STUB_STOP/requeue.json"'
+                                  ' && exit 1\nexit 0\n')
+    (bin_dir / "scontrol").write_text('#!/bin/bash\n[[ "$1" == requeue ]] && echo "scontrol $*" >> "$STUB_LOG"\n'
+                                      'printf "%s\\n" $STUB_HOSTS\n')
+    job = {"SLURM_JOB_ID": "9130", "SLURM_JOB_NUM_NODES": "1", "STUB_HOSTS": "gpu-a"}
+    first = _sbatch(tmp_path, str(bin_dir / "python"), "recipe=x", STUB_STOP=str(run_dir), **job)
+    assert first.returncode == 1, first.stderr
+    log = (tmp_path / "steps.log").read_text().splitlines()
+    assert log[0] == "plan -m core.launch recipe=x" and "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 " \
+        "--shutdown-timeout=600 -m recipes.run recipe=x" in log[1] and log[2] == "scontrol requeue 9130"
+    (tmp_path / "steps.log").unlink()
+    again = _sbatch(tmp_path, str(bin_dir / "python"), "recipe=x", SLURM_RESTART_COUNT="1", **job)
+    assert again.returncode == 0, again.stderr
+    log = (tmp_path / "steps.log").read_text().splitlines()
+    assert log[0] == f"plan -m core.launch recipe=x hydra.run.dir={run_dir} resume=auto"
+    assert log[1].endswith(f"-m recipes.run recipe=x hydra.run.dir={run_dir} resume=auto") and len(log) == 2
+    assert not (run_dir / preemption.MARKER).exists()
