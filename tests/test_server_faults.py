@@ -107,8 +107,9 @@ def test_a_server_killed_mid_run_fails_the_job_naming_it_and_resume_finishes_it(
         run_dir = tmp_path / "run"
         assert _steps(run_dir) == [1, 2, 3] and results(tmp_path) == []
         server = _serve(path, port)
-        # the server's keys may change on a resume (a new allocation's address); its group is named with them
-        resumed = run_cli(tmp_path, "resume=auto", "rollout=vllm_server", f"rollout.server.port={port}",
+        # the server's keys may change on a resume (a new allocation's address), typed with their group: every one
+        server_keys = [k for k in run if k.startswith("rollout.server.") and "group_port" not in k]
+        resumed = run_cli(tmp_path, "resume=auto", "rollout=vllm_server", *server_keys,
                           f"rollout.server.group_port={_free_ports(1)[0]}", timeout=600)
         assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
         assert _steps(run_dir) == [1, 2, 3, 4, 5] and [r["steps"] for r in results(tmp_path)] == [5]
