@@ -58,15 +58,15 @@ def launch_problems(cfg, launcher) -> list[str]:
     if cfg.layout.mode == "dedicated":
         errors.append("layout.mode=dedicated: the submitit launcher starts learner ranks only; start the generation "
                       "server with them through sbatch launch/slurm.sbatch (docs/launch.md)")
-    if target.endswith("SlurmLauncher") and cfg.resume != "auto":
-        errors.append(f"resume={cfg.resume}: Slurm requeues a job that is preempted or times out (submitit's "
-                      f"checkpoint, hydra.launcher.max_num_timeout={launcher.max_num_timeout}) and the requeued job "
-                      f"runs the same command; add resume=auto so it continues its run dir (docs/reliability.md)")
     ranks = int(launcher.nodes) * int(launcher.tasks_per_node)
     if ranks != int(cfg.layout.learner_gpus):
         errors.append(f"hydra.launcher.nodes x hydra.launcher.tasks_per_node = {launcher.nodes} x "
                       f"{launcher.tasks_per_node} = {ranks} tasks but layout.learner_gpus={cfg.layout.learner_gpus}: "
                       f"submitit starts one rank per task")
+    if target.endswith("SlurmLauncher") and cfg.resume != "auto":
+        errors.append(f"resume={cfg.resume}: Slurm requeues a job that is preempted or times out (submitit's "
+                      f"checkpoint, hydra.launcher.max_num_timeout={launcher.max_num_timeout}) and the requeued job "
+                      f"runs the same command; add resume=auto so it continues its run dir (docs/reliability.md)")
     return errors
 
 

@@ -139,6 +139,8 @@ def test_a_slurm_submission_without_site_settings_or_with_a_dedicated_server_is_
     assert "layout.mode=dedicated: the submitit launcher starts learner ranks only" in problems[1]
     assert "hydra.launcher.nodes x hydra.launcher.tasks_per_node = 2 x 8 = 16 tasks but layout.learner_gpus=8" in \
         problems[2]
+    assert problems[3].startswith("resume=False: Slurm requeues a job that is preempted or times out") and \
+        "add resume=auto" in problems[3]  # the requeued job runs the same command (docs/reliability.md)
     assert launch_problems(composed("hydra/launcher=slurm", "layout=simplerl_zoo_2node", "resume=auto", *SITE),
                            HydraConfig.get().launcher) == []
     assert launch_problems(composed("layout=colocate"), HydraConfig.get().launcher) == []  # Hydra's basic launcher
