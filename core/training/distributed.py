@@ -28,8 +28,28 @@ def init(device: torch.device, timeout_s: float | None = None) -> tuple[int, int
         torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
-        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        store = _attempt_store(timeout or dist.default_pg_timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            env = os.environ
+            dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                                    timeout=timeout)
     return rank(), world()
+
+
+def _attempt_store(timeout: timedelta):
+    """Under torchrun, the agent's store with keys of this attempt only (``TORCHELASTIC_RESTART_COUNT``), else None
+    (``env://``). torch 2.13's c10d rendezvous keeps one store server across restarts, and ``env://`` connects the
+    workers to it without a per-attempt prefix (torch/distributed/rendezvous.py ``_create_c10d_store``: "We create
+    a new TCPStore for every retry", no longer so), so a restarted group read the dead group's addresses and failed
+    to connect (docs/reliability.md "A dead rank")."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"rlrecipes/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def world() -> int:
