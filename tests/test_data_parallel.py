@@ -95,7 +95,7 @@ def test_two_rank_run_killed_after_a_checkpoint_resumes(tmp_path):
 
     common = ["scale=tiny", "logger.progress=false", "logger.tensorboard=false", "train.eval_prompts=8",
               "train.warm_start.steps=0", "train.checkpoint_every=1", "zero=stage2", "train.total_steps=3"]
-    ckpt = tmp_path / "run" / "checkpoint"
+    ckpt = tmp_path / "run" / "checkpoint-1"  # the first
     proc = subprocess.Popen(cli_command(tmp_path, *common, nproc=2), cwd=PROJECT_ROOT, env=CLI_ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     while proc.poll() is None and not (ckpt / "rng.rank1.pt").exists():
