@@ -58,3 +58,21 @@ def math_killed_after(completions: list[str], **columns) -> list[float | None]:
         if any("reward/mean" in r and r["step"] >= int(step) for r in rows):
             os.kill(os.getpid(), signal.SIGKILL)
     return math_reward(completions, **columns)
+
+
+def bad_at_step(completions: list[str], answer: list[str], metrics: str = "", step: int = 0, value: float = 0.0,
+                **_) -> list[float]:
+    """:func:`gold_parity`, but in RL step ``step`` the first completion scores ``value`` (``inf``: a fault;
+    ``nan``: a missing reward). Which step is being scored is read off the run's ``metrics.jsonl`` (path
+    ``metrics``): one more than the training steps it records, so a resumed run (its records cut back to its
+    checkpoint) injects at the same step. Training rows only (give the evaluation a verifier of its own:
+    ``verifier.eval_name``)."""
+    import json
+    from pathlib import Path
+
+    rows = Path(metrics).read_text().splitlines() if metrics and Path(metrics).exists() else []
+    now = 1 + sum("reward/mean" in json.loads(line) for line in rows)
+    rewards = gold_parity(completions, answer)
+    if now == step:
+        rewards[0] = float(value)
+    return rewards
