@@ -34,11 +34,18 @@ def _rows(results_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (results_dir / "runs.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture
-def straight(compose_cfg, tmp_path):
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
     """The uninterrupted run the faulted ones must equal (steps and records)."""
-    rl.main(compose_cfg(*RUN, f"paths.results_dir={tmp_path / 'straight'}"), run_dir=str(tmp_path / "straight"))
-    return _steps(tmp_path / "straight")
+    from hydra.core.global_hydra import GlobalHydra
+
+    from core.config.composition import compose
+
+    tmp = tmp_path_factory.mktemp("straight")
+    GlobalHydra.instance().clear()
+    rl.main(compose([*RUN, f"paths.results_dir={tmp}"]), run_dir=str(tmp / "run"))
+    GlobalHydra.instance().clear()
+    return _steps(tmp / "run")
 
 
 def test_a_truncated_newest_checkpoint_resumes_from_the_one_before(compose_cfg, tmp_path, straight, caplog):
@@ -80,9 +87,10 @@ def test_a_disk_full_during_a_checkpoint_write_leaves_the_older_one_to_resume(co
 
 
 def _bad_reward(run_dir: Path, value: str) -> tuple[str, ...]:
-    """Step 3's first completion scores ``value`` (tests/stub_rewards.py bad_at_step); the evaluation scores by math."""
+    """Step 3's first completion scores ``value`` (tests/stub_rewards.py bad_at_step); the evaluation by gold_parity."""
     return ("verifier.name=tests.stub_rewards:bad_at_step", f"+verifier.kwargs.metrics={run_dir}/metrics.jsonl",
-            "+verifier.kwargs.step=3", f"+verifier.kwargs.value={value}", "verifier.eval_name=math")
+            "+verifier.kwargs.step=3", f"+verifier.kwargs.value={value}",
+            "verifier.eval_name=tests.stub_rewards:gold_parity")
 
 
 def test_an_infinite_reward_stops_the_run_then_a_skip_resume_finishes_it(compose_cfg, tmp_path, monkeypatch):
