@@ -16,6 +16,7 @@ from core.training.checkpoint import CheckpointWriteError, checkpoint_dirs
 from core.training.numerics import NonFiniteError
 from recipes import rl, rl_update, rm
 from tests.core.test_generate_ahead import MOVING
+from tests.helpers import slow
 
 # rewards that move the weights (a gold-parity reward, a whitened global baseline); 4 steps (scale=tiny caps at 2)
 RUN = (*MOVING, "train.total_steps=4", "scale.total_steps=4", "train.checkpoint_every=1")
@@ -124,10 +125,11 @@ def test_a_nan_reward_is_a_missing_one_not_a_fault(compose_cfg, tmp_path):
 RM_RUN = ("recipe=tiny_rm", "recipe_name=tiny_rm", "scale=tiny", "logger.progress=false", "logger.tensorboard=false")
 
 
-@pytest.mark.parametrize("mode", ["stop", "skip"])
-def test_a_nan_loss_in_the_reward_model_loop(compose_cfg, tmp_path, monkeypatch, mode):
-    """A NaN reward-model output at step 2 makes the loss and the gradient NaN: the plain engine takes no optimiser
-    step (the weights stay as they were), and the run stops naming both, or skips the step and finishes."""
+@pytest.mark.parametrize("mode, zero", [("stop", "none"), ("skip", "none"), slow("skip", "stage2")])
+def test_a_nan_loss_in_the_reward_model_loop(compose_cfg, tmp_path, monkeypatch, mode, zero):
+    """A NaN reward-model output at step 2 makes the loss and the gradient NaN: no optimiser step is taken (the
+    weights stay as they were: the plain engine's guard, or DeepSpeed's overflow check under ZeRO), and the run stops
+    naming both, or skips the step and finishes."""
     run_dir, real, holder = tmp_path / "run", RM.sequence_rewards, {}
 
     def nan_at_step_2(model, batch):
@@ -142,7 +144,7 @@ def test_a_nan_loss_in_the_reward_model_loop(compose_cfg, tmp_path, monkeypatch,
     monkeypatch.setattr(rm, "HydraConfig", Hydra)
     monkeypatch.setattr(RM, "sequence_rewards", nan_at_step_2)
     run = holder["run"] = rm.setup(compose_cfg(*RM_RUN, f"paths.results_dir={tmp_path}",
-                                               f"train.on_nonfinite={mode}"))
+                                               f"train.on_nonfinite={mode}", f"zero={zero}"))
     step, seen, weights = rm.rm_step, [], []
 
     def recording(r):
