@@ -105,7 +105,11 @@ def test_two_rank_run_killed_after_a_checkpoint_resumes(tmp_path):
     step = json.loads((ckpt / "trainer.json").read_text())["step"]
     assert step < 3 and (ckpt / "rng.pt").exists()  # each rank's RNG stream
     _run(tmp_path, 2, *common, "resume=true")
-    assert json.loads((ckpt / "trainer.json").read_text())["step"] == 3
+    from core.training.checkpoint import checkpoint_dirs
+
+    newest = checkpoint_dirs(tmp_path / "run")  # train.keep_checkpoints=2: the last two
+    assert [p.name for p in newest] == ["checkpoint-3", "checkpoint-2"]
+    assert json.loads((newest[0] / "trainer.json").read_text())["step"] == 3
     assert [r["step"] for r in _rows(tmp_path) if "loss" in r] == [1, 2, 3]
     assert len(results(tmp_path)) == 1
 
