@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,7 +47,7 @@ from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset
 from core.reporting.results import append_row, command_line_overrides, write_summary
 from core.rollout import Sampling, build_rollout
 from core.rollout.ahead import GenerationAhead, RolloutEngine
-from core.training import distributed, preemption
+from core.training import distributed, numerics, preemption
 from core.training.backend import Backend, FrozenModel, TrainEngine
 from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
@@ -230,10 +231,10 @@ def train(run: Run) -> None:
         bar.update()
         stopping = stop.agreed()  # every rank, once per step: a signal to any rank stops all after this step
         if stopping or t.checkpoint_every and (run.step % t.checkpoint_every == 0 or run.step == total):
-            save_training_state(run.run_dir / "checkpoint", run,
+            save_training_state(run.run_dir, run,
                                 {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
                                  "kl_beta": run.kl_ctl.beta, "metrics_rows": run.writer.rows,
-                                 "sample_rows": run.writer.sample_rows}, local=run.gen.state())
+                                 "sample_rows": run.writer.sample_rows}, local=run.gen.state(), keep=t.keep_checkpoints)
         if stopping:  # checkpointed: exit so the job is requeued (core/training/preemption.py)
             stop.exit(stopping, run.step)
     bar.close()
@@ -271,10 +272,14 @@ def rl_step(run: Run) -> dict:
     clip = cfg.train.shaping.reward_clip
     adv, ret = compute_advantages(AdvantageInput(scores, mask, G, fw.values, kl_reward,
                                                  tuple(clip) if clip else None), cfg.advantage)  # [N, R] x2
+    guard = partial(numerics.guard, run.step + 1, cfg.train.on_nonfinite, run.run_dir,  # NaN reward: missing
+                    records=lambda: numerics.completion_records(rows, scored.texts, raw, valid, adv, mask))
+    bad = guard({"reward": raw, "advantage": adv}, {})  # a bad rollout takes no optimiser step
     with timer.phase("update"):
-        upd = distributed.mean_metrics(update(run, roll, mask, adv, ret, fw))
+        upd = {} if bad else distributed.mean_metrics(update(run, roll, mask, adv, ret, fw))
+    bad = bad or guard({}, {k: upd[k] for k in ("loss", "grad_norm", "value/loss", "value/grad_norm") if k in upd})
     n_global = roll.input_ids.shape[0] * distributed.world()
-    beta = run.kl_ctl.update(kl_metrics.get("kl_reward", upd.get("kl", 0.0)), n_global)
+    beta = run.kl_ctl.beta if bad else run.kl_ctl.update(kl_metrics.get("kl_reward", upd.get("kl", 0.0)), n_global)
     # the whole step's rows, every rank's, for the logged statistics
     lengths, stopped = (distributed.gather_rows(x.float()) for x in (roll.response_lengths, stopped))
     tokens = distributed.all_sum(torch.stack([roll.response_mask.sum(), roll.attention_mask.sum()]).double())
@@ -284,7 +289,7 @@ def rl_step(run: Run) -> dict:
         "length/truncated_frac": 1.0 - stopped.float().mean().item(), "kl/beta": beta,
         "tokens/generated": tokens[0].item(), "tokens/total": tokens[1].item(), **kl_metrics, **upd,
         "rollout/policy_lag": run.step - made_by,  # versions between the weights trained and those that sampled
-        **distributed.mean_metrics(timer.pop()), **peak_memory(),
+        **distributed.mean_metrics(timer.pop()), **peak_memory(), **numerics.skip_metrics(cfg.train.on_nonfinite, bad),
     }
 
 

@@ -67,7 +67,8 @@ def score(run: Run, roll: RolloutBatch, rows: list[dict], evaluation: bool = Fal
 
     raw, ok, labels = values(s.rewards), s.correct, list(s.terms)
     terms = torch.stack([values(s.terms[k]) for k in labels], 1) if labels else raw[:, None][:, :0]  # [N, T]
-    return Scored(raw.nan_to_num(0.0), ~raw.isnan(), torch.tensor([bool(c) for c in ok], device=dev).float(),
+    return Scored(raw.masked_fill(raw.isnan(), 0.0), ~raw.isnan(),  # an inf stays: numerics.guard stops on it
+                  torch.tensor([bool(c) for c in ok], device=dev).float(),
                   torch.tensor([c is not None for c in ok], device=dev), terms, labels, texts)
 
 

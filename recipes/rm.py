@@ -34,7 +34,7 @@ from core.models.loading import for_training, load_tokenizer, model_dir
 from core.reporting.console import announced, log_step, start_summary
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory, to_floats
 from core.reporting.results import append_row, command_line_overrides, write_summary
-from core.training import distributed, preemption
+from core.training import distributed, numerics, preemption
 from core.training.backend import Backend, TrainEngine
 from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
@@ -204,9 +204,9 @@ def train(run: Run) -> None:
         bar.update()
         stopping = stop.agreed()  # every rank, once per step: a signal to any rank stops all after this step
         if stopping or t.checkpoint_every and (run.step % t.checkpoint_every == 0 or run.step == total):
-            save_training_state(run.run_dir / "checkpoint", run.engine,
+            save_training_state(run.run_dir, run.engine,
                                 {"step": run.step, "history": run.history, "sampler": run.data.sampler.state(),
-                                 "metrics_rows": run.writer.rows})
+                                 "metrics_rows": run.writer.rows}, keep=t.keep_checkpoints)
         if stopping:  # checkpointed: exit so the job is requeued (core/training/preemption.py)
             stop.exit(stopping, run.step)
     bar.close()
@@ -240,9 +240,19 @@ def rm_step(run: Run) -> dict:
             engine.backward(loss / accum)
             for k, v in {**m, "loss": loss.detach()}.items():
                 sums[k] = sums.get(k, 0.0) + v.double() / accum
-        sums = {**to_floats(sums), **engine.step()}
+        sums = {**to_floats(sums), **engine.step()}  # no optimiser step on a non-finite gradient norm
     # this rank's pairs' loss and accuracy: the step's are the mean over ranks (equal shares)
-    return {**distributed.mean_metrics({**sums, **timer.pop()}), **peak_memory()}
+    out = distributed.mean_metrics({**sums, **timer.pop()})
+    bad = numerics.guard(run.step + 1, t.on_nonfinite, run.run_dir, {}, {k: out[k] for k in ("loss", "grad_norm")},
+                         lambda: pair_records(run, idx))
+    return {**out, **peak_memory(), **numerics.skip_metrics(t.on_nonfinite, bad)}
+
+
+def pair_records(run: Run, idx: list[int]) -> list[dict]:
+    """This rank's pairs of a step, as text, for the saved batch of a non-finite step (core/training/numerics.py)."""
+    decode = run.tokenizer.decode
+    return [{"pair": i, "chosen": decode(run.data.train_pairs[i]["chosen"]),
+             "rejected": decode(run.data.train_pairs[i]["rejected"])} for i in idx]
 
 
 def announced_evaluation(run: Run, when: str, keep_rewards: bool = False) -> dict:

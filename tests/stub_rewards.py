@@ -90,3 +90,26 @@ def math_signalled_after(completions: list[str], **columns) -> list[float | None
             sent.touch()
             os.kill(target, getattr(signal, name))
     return math_reward(completions, **columns)
+
+
+def bad_at_step(completions: list[str], answer: list[str], metrics: str = "", step: int = 0, value: float = 0.0,
+                rank: int = -1, **_) -> list[float]:
+    """:func:`gold_parity`, but in RL step ``step`` the first completion scores ``value`` (``inf``: a fault;
+    ``nan``: a missing reward), on data-parallel rank ``rank`` only (-1: on every rank). Which step is being
+    scored is read off the run's ``metrics.jsonl`` (path ``metrics``): one more than the training steps it
+    records, so a resumed run (its records cut back to its checkpoint) injects at the same step. Training rows
+    only (give the evaluation a verifier of its own: ``verifier.eval_name``)."""
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    if rank >= 0 and (dist.get_rank() if dist.is_initialized() else 0) != rank:
+        return gold_parity(completions, answer)
+
+    rows = Path(metrics).read_text().splitlines() if metrics and Path(metrics).exists() else []
+    now = 1 + sum("reward/mean" in json.loads(line) for line in rows)
+    rewards = gold_parity(completions, answer)
+    if now == step:
+        rewards[0] = float(value)
+    return rewards

@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from core.paths import PROJECT_ROOT
+from core.training.checkpoint import checkpoint_dirs
 from tests.helpers import CLI_ENV, FAST, results, run_cli, slow
 
 STEP_KEYS = {"reward/mean", "reward/std", "accuracy", "length/mean", "length/max", "length/truncated_frac", "kl",
@@ -68,8 +69,9 @@ def _progress(run_dir) -> tuple[int, int]:
     """(metrics rows written, step of the newest checkpoint) of a run in progress."""
     rows = len((run_dir / "metrics.jsonl").read_text().splitlines()) if (run_dir / "metrics.jsonl").exists() else 0
     try:
-        step = json.loads((run_dir / "checkpoint" / "trainer.json").read_text())["step"]
-    except (OSError, ValueError):
+        newest = checkpoint_dirs(run_dir)
+        step = json.loads((newest[0] / "trainer.json").read_text())["step"] if newest else 0
+    except (OSError, ValueError):  # pruned between the listing and the read
         step = 0
     return rows, step
 

@@ -95,7 +95,7 @@ def test_two_rank_run_killed_after_a_checkpoint_resumes(tmp_path):
 
     common = ["scale=tiny", "logger.progress=false", "logger.tensorboard=false", "train.eval_prompts=8",
               "train.warm_start.steps=0", "train.checkpoint_every=1", "zero=stage2", "train.total_steps=3"]
-    ckpt = tmp_path / "run" / "checkpoint"
+    ckpt = tmp_path / "run" / "checkpoint-1"  # the first
     proc = subprocess.Popen(cli_command(tmp_path, *common, nproc=2), cwd=PROJECT_ROOT, env=CLI_ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     while proc.poll() is None and not (ckpt / "rng.rank1.pt").exists():
@@ -105,7 +105,11 @@ def test_two_rank_run_killed_after_a_checkpoint_resumes(tmp_path):
     step = json.loads((ckpt / "trainer.json").read_text())["step"]
     assert step < 3 and (ckpt / "rng.pt").exists()  # each rank's RNG stream
     _run(tmp_path, 2, *common, "resume=true")
-    assert json.loads((ckpt / "trainer.json").read_text())["step"] == 3
+    from core.training.checkpoint import checkpoint_dirs
+
+    newest = checkpoint_dirs(tmp_path / "run")  # train.keep_checkpoints=2: the last two
+    assert [p.name for p in newest] == ["checkpoint-3", "checkpoint-2"]
+    assert json.loads((newest[0] / "trainer.json").read_text())["step"] == 3
     assert [r["step"] for r in _rows(tmp_path) if "loss" in r] == [1, 2, 3]
     assert len(results(tmp_path)) == 1
 
@@ -238,3 +242,27 @@ def test_two_ranks_evaluate_uneven_shares_on_partitioned_zero3(tmp_path):
     _run(tmp_path / "two", 2, *UNEVEN_EVAL, *STAGE3.split(), "rollout.gather_for_generation=false", timeout=180)
     want, got = ([r["eval/accuracy"] for r in _rows(tmp_path / d) if "eval/accuracy" in r] for d in ("one", "two"))
     assert len(got) == 2 and got == want
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_an_infinite_reward_on_one_rank_stops_or_skips_the_step_on_both(tmp_path, mode):
+    """Rank 1 alone scores an infinite reward at step 2: both ranks stop there (the saved batch holds both ranks'
+    rows), or both skip its update and the run finishes: the check is summed over ranks, so no rank waits in a
+    collective the other left (core/training/numerics.py)."""
+    run_dir = tmp_path / "run"
+    bad = ["verifier.name=tests.stub_rewards:bad_at_step", f"+verifier.kwargs.metrics={run_dir}/metrics.jsonl",
+           "+verifier.kwargs.step=2", "+verifier.kwargs.value=inf", "+verifier.kwargs.rank=1",
+           "verifier.eval_name=tests.stub_rewards:gold_parity", f"train.on_nonfinite={mode}"]
+    proc = run_cli(tmp_path, *SAME, *bad, nproc=2, timeout=300)
+    saved = json.loads((run_dir / "nonfinite" / "step-2.json").read_text())
+    assert saved["nonfinite"]["reward"][0] == 1 and len(saved["rows"]) == 16  # scale=tiny: 4 prompts x 4, both ranks
+    steps = [r for r in _rows(tmp_path) if "reward/mean" in r]
+    if mode == "stop":
+        assert proc.returncode != 0 and "step 2: non-finite reward (1 of 16 values)" in proc.stderr
+        assert [r["step"] for r in steps] == [1] and not results(tmp_path)
+    else:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert [r["nonfinite/skipped"] for r in steps] == [0.0, 1.0] and "grad_norm" not in steps[1]
+        assert len(results(tmp_path)) == 1

@@ -30,7 +30,7 @@ def _steps(tmp) -> list[dict]:
 def test_two_ranks_ahead_killed_and_resumed_train_like_one_process(tmp_path):
     one = run_cli(tmp_path / "one", *AHEAD)
     assert one.returncode == 0, one.stderr[-4000:]
-    ckpt = tmp_path / "two" / "run" / "checkpoint"
+    ckpt = tmp_path / "two" / "run" / "checkpoint-1"  # the first
     proc = subprocess.Popen(cli_command(tmp_path / "two", *AHEAD, nproc=2), cwd=PROJECT_ROOT, env=CLI_ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     while proc.poll() is None and not (ckpt / "local.rank1.pt").exists():  # the folder appears complete

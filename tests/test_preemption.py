@@ -41,7 +41,7 @@ def _stopped_then_resumed(tmp: Path, proc: subprocess.CompletedProcess, signame:
     run_dir = tmp / "run"
     assert json.loads((run_dir / preemption.MARKER).read_text()) == {
         "signal": signame, "step": 3, "exit_code": preemption.REQUEUE_EXIT}, proc.stderr[-3000:]
-    assert json.loads((run_dir / "checkpoint" / "trainer.json").read_text())["step"] == 3
+    assert json.loads((run_dir / "checkpoint-3" / "trainer.json").read_text())["step"] == 3
     assert _steps(run_dir) == [1, 2, 3] and results(tmp) == [] and not (run_dir / "summary.json").exists()
     assert f"stopped after step 3 on {signame}" in proc.stdout + proc.stderr
     resumed = run_cli(tmp, "resume=auto", nproc=nproc, timeout=600)

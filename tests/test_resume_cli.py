@@ -45,7 +45,7 @@ def test_a_run_killed_at_step_5_resumes_by_the_readme_command_as_it_started(unin
     resumed = run_cli(tmp_path, "resume=auto")  # hydra.run.dir=<dir> (and this test's results dir): nothing else
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
-    assert f"resuming {run_dir} from step 4 of 8 (checkpoint {run_dir}/checkpoint)" in out
+    assert f"resuming {run_dir} from step 4 of 8 (checkpoint {run_dir}/checkpoint-4)" in out
     assert _config(run_dir) == started  # kl.coef=0, 8 steps, a checkpoint every 2: as the run started
     assert [r["step"] for r in _steps(run_dir)] == list(range(1, 9))
     assert [_comparable(r) for r in _steps(run_dir)] == [_comparable(r) for r in _steps(uninterrupted)]
@@ -92,5 +92,5 @@ def test_a_reward_model_run_resumes_by_the_readme_command(tmp_path):
     resumed = run_cli(tmp_path, "resume=auto")  # its recipe (and loop) from config.yaml, not the default's
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
-    assert f"resuming {run_dir} from step 4 (checkpoint {run_dir}/checkpoint)" in out
+    assert f"resuming {run_dir} from step 4 (checkpoint {run_dir}/checkpoint-4)" in out
     assert len(results(tmp_path)) == 1

@@ -28,10 +28,12 @@ from core.training.checkpoint import ResumeError
 
 log = logging.getLogger(__name__)
 
-# Keys a resume may change: how long it runs and how it reports, where it runs and reads its data (a dedicated
+# Keys a resume may change: how long it runs and how it reports and checkpoints, what a non-finite step does (a run
+# stopped at one resumes with train.on_nonfinite=skip), where it runs and reads its data (a dedicated
 # generation server's address is the new allocation's).
 RESUMABLE = ("resume", "resume_allow_changes", "train.total_steps", "train.eval_every", "train.checkpoint_every",
-             "logger.", "device", "cpu_threads", "collective_timeout_s", "paths.", "rollout.server.")
+             "train.keep_checkpoints", "train.on_nonfinite", "logger.", "device", "cpu_threads",
+             "collective_timeout_s", "paths.", "rollout.server.")
 # What ``resume_allow_changes=true`` adds: the optimiser and its schedule (applied to the restored optimiser
 # by core/training/optim.py ``retune``, not ignored).
 OPTIMISATION = ("optim.",)

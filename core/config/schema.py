@@ -20,7 +20,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from core.config.ranges import (BOOL_OR_AUTO, NONNEG, OPT_POS, POS, above, at_least, between, ck, one_of,
                                 registered)
-from core.config.schema_rm import LoraConfig, PairDataConfig, RMLossConfig, RMTrainConfig  # noqa: F401 (re-exported)
+from core.config.schema_rm import (KEEP_CHECKPOINTS, ON_NONFINITE, LoraConfig, PairDataConfig,  # noqa: F401
+                                   RMLossConfig, RMTrainConfig)  # (re-exported)
 
 # --- top level --------------------------------------------------------------------------------------------
 
@@ -360,6 +361,8 @@ class RLTrainConfig:
     eval_prompts: int = ck(MISSING, NONNEG)  # 0: the whole eval split
     keep_best: bool = MISSING  # save the policy of the best held-out accuracy to best/ (reported beside the last)
     checkpoint_every: int = ck(MISSING, NONNEG)
+    keep_checkpoints: int = ck(KEEP_CHECKPOINTS, POS)  # the newest checkpoint-<step>/ kept (HF save_total_limit)
+    on_nonfinite: str = ck(ON_NONFINITE, one_of("stop", "skip"))  # a NaN/inf loss, grad norm, advantage or reward
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
 

@@ -9,6 +9,11 @@ from omegaconf import MISSING
 
 from core.config.ranges import NONNEG, OPT_POS, POS, above, at_least, between, ck, one_of, registered
 
+# Both loops' train.keep_checkpoints and train.on_nonfinite (core/training/checkpoint.py, core/training/numerics.py):
+# two checkpoints, so a newest one unreadable on resume falls back to the one before it; stop at a non-finite
+# loss, gradient norm, advantage or reward (skip: no optimiser step for it, counted as nonfinite/skipped).
+KEEP_CHECKPOINTS, ON_NONFINITE = 2, "stop"
+
 
 @dataclass
 class PairDataConfig:
@@ -70,4 +75,6 @@ class RMTrainConfig:
     eval_before: bool = MISSING
     eval_every: int = ck(MISSING, NONNEG)
     checkpoint_every: int = ck(MISSING, NONNEG)
+    keep_checkpoints: int = ck(KEEP_CHECKPOINTS, POS)  # as the RL loop's (core/config/schema.py)
+    on_nonfinite: str = ck(ON_NONFINITE, one_of("stop", "skip"))
     tiny: Optional[Dict[str, Any]] = MISSING

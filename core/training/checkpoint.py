@@ -2,15 +2,25 @@
 
 A folder is written as a temporary sibling, marked complete, then swapped in (:func:`atomic_dir`); a kill
 at any instant leaves either the old or the new folder complete, and :func:`recover` puts the newest
-complete one back in place and removes the rest, so ``resume`` always finds the newest complete checkpoint
-(:func:`prior_run`). Data parallel: every rank writes its part (DeepSpeed shards, its own RNG state) into
-one temporary folder that rank 0 created, and rank 0 renames it once all ranks are done (barriers between)."""
+complete one back in place and removes the rest. Data parallel: every rank writes its part (DeepSpeed shards,
+its own RNG state) into one temporary folder that rank 0 created, and rank 0 renames it once all ranks are done
+(barriers between).
+
+Training checkpoints (:func:`save_training_state`) are ``checkpoint-<step>/`` folders in the run dir, the last
+``train.keep_checkpoints`` of them kept (Hugging Face Trainer's ``checkpoint-<step>`` and ``save_total_limit``;
+veRL's ``max_actor_ckpt_to_keep``). Each holds a manifest written last (core/training/manifest.py: every file's
+size and SHA-256), and ``resume`` takes the newest one whose files match it (:func:`prior_run`): a newer one that
+does not (truncated on a shared file system, a file gone) is removed with a warning and the one before it resumes.
+Before a write, the free space is checked against the newest checkpoint's size; a write that fails for space
+removes its own partial copy and leaves the older checkpoints as they were (:class:`CheckpointWriteError`)."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import random
+import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -22,6 +32,7 @@ import torch
 
 from core.errors import InputError
 from core.training import distributed
+from core.training.manifest import manifest_bytes, verify, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -137,17 +148,18 @@ RESUME_MODES = (False, True, "auto")
 
 def prior_run(run_dir: Path, resume, total_steps: int | None = None) -> PriorRun:
     """What ``run_dir`` holds from an earlier run, checked against ``resume`` (false: a fresh run, and the dir
-    must hold none; true: continue from its newest complete checkpoint, which must exist; auto: continue if
+    must hold none; true: continue from its newest verified checkpoint, which must exist; auto: continue if
     there is one, else start afresh). A finished run (``summary.json``) resumed with more ``total_steps`` than it
     ran continues from its newest checkpoint; with as many (or ``total_steps`` None) :class:`AlreadyFinished` is
     raised, :class:`ResumeError` for fewer, for an extension without a checkpoint and for the cases above. Rank 0
-    looks and repairs (:func:`recover`); every rank gets the answer, and the console says what resumes."""
+    looks and repairs (:func:`recover`), every rank checks its share of the files (:func:`newest_verified`), every
+    rank gets the answer, and the console says what resumes."""
     if resume not in RESUME_MODES:
         raise ResumeError(f"resume={resume!r}: expected false, true or auto")
     run_dir = Path(run_dir)
+    ckpt = newest_verified(run_dir)
     found = None
     if distributed.is_main():
-        ckpt = recover(run_dir / "checkpoint")
         recover(run_dir / "model")
         summary = run_dir / "summary.json"
         found = {"checkpoint": str(ckpt) if ckpt else None,
@@ -169,6 +181,40 @@ def prior_run(run_dir: Path, resume, total_steps: int | None = None) -> PriorRun
                      int(found["summary"]["steps"]) if found["summary"] else None)
     _announce(run_dir, prior, total_steps)
     return prior
+
+
+PREFIX = "checkpoint-"  # checkpoint-<step>: Hugging Face Trainer's PREFIX_CHECKPOINT_DIR and naming
+_NAMED = re.compile(rf"^\.?{PREFIX}(\d+)(\.(tmp|old)\d*)?$")  # a checkpoint, or a leftover of its atomic_dir
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """The run dir's ``checkpoint-<step>`` folders, newest step first (leftovers of a write not included)."""
+    run_dir = Path(run_dir)
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _NAMED.match(p.name)) and p.name[0] != "."
+             and not m.group(2) and p.is_dir()] if run_dir.is_dir() else []
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def newest_verified(run_dir: Path) -> Path | None:
+    """The newest ``checkpoint-<step>`` whose files match its manifest (collective: rank 0 repairs interrupted
+    writes, every rank hashes its share of each candidate's files). A newer one that does not match is removed
+    with a warning naming what is wrong: the steps after the one returned run again, so it would only be
+    overwritten. None when no checkpoint verifies."""
+    run_dir = Path(run_dir)
+    if distributed.is_main() and run_dir.is_dir():
+        for step in sorted({int(m.group(1)) for p in run_dir.iterdir() if (m := _NAMED.match(p.name))}):
+            recover(run_dir / f"{PREFIX}{step}")
+    for path in map(Path, distributed.broadcast_object([str(p) for p in checkpoint_dirs(run_dir)])):
+        problems = [p for p in distributed.gather_objects(verify(path, distributed.rank(), distributed.world()))
+                    if p]
+        if not problems:
+            return path
+        if distributed.is_main():
+            log.warning("checkpoint %s is unreadable (%s): removed; resuming from the one before it, if any",
+                        path, "; ".join(problems))
+            shutil.rmtree(path, ignore_errors=True)
+        distributed.barrier()
+    return None
 
 
 def _check_extension(run_dir: Path, summary: dict, checkpoint: str | None, total_steps: int | None) -> None:
@@ -205,16 +251,69 @@ def _rank_file(ckpt_dir: Path, stem: str) -> Path:
     return Path(ckpt_dir) / (f"{stem}.pt" if r == 0 else f"{stem}.rank{r}.pt")
 
 
-def save_training_state(ckpt_dir: Path, engine, extra: dict, local=None) -> None:
-    """Engine state, RNG states and ``extra`` (step, sampler position: rank 0's, as JSON) into ``ckpt_dir``
-    atomically; ``local``, when not None, is this rank's own state (the batch generated ahead), in its own file."""
-    with atomic_dir(ckpt_dir) as tmp:
-        engine.save_state(tmp)
-        torch.save(rng_state(), _rank_file(tmp, "rng"))
-        if local is not None:
-            torch.save(local, _rank_file(tmp, "local"))
-        if distributed.is_main():
-            (tmp / "trainer.json").write_text(json.dumps(extra))
+class CheckpointWriteError(InputError):
+    """A checkpoint could not be written for want of space (checked before, or the disk filled during the write);
+    the older checkpoints are as they were."""
+
+
+def save_training_state(run_dir: Path, engine, extra: dict, local=None, *, keep: int) -> Path:
+    """``checkpoint-<extra["step"]>`` in ``run_dir``: engine state, RNG states and ``extra`` (step, sampler
+    position: rank 0's, as JSON), atomically, its manifest written last; ``local``, when not None, is this rank's
+    own state (the batch generated ahead), in its own file. Then only the newest ``keep`` checkpoints stay
+    (``train.keep_checkpoints``). Collective. Raises :class:`CheckpointWriteError` when the file system lacks the
+    space (the newest checkpoint's size) before the write, or runs out during it, every older one intact."""
+    run_dir, step = Path(run_dir), int(extra["step"])
+    final = run_dir / f"{PREFIX}{step}"
+    _check_space(run_dir, final)
+    try:
+        with atomic_dir(final) as tmp:
+            engine.save_state(tmp)
+            torch.save(rng_state(), _rank_file(tmp, "rng"))
+            if local is not None:
+                torch.save(local, _rank_file(tmp, "local"))
+            if distributed.is_main():
+                (tmp / "trainer.json").write_text(json.dumps(extra))
+            write_manifest(tmp, step)  # collective: after every rank's files, before the folder is marked complete
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise CheckpointWriteError(f"writing {final} failed: {e.strerror} ({_free(run_dir)}); its partial copy is "
+                                   f"removed and {_intact(run_dir)}: free space on that file system (or lower "
+                                   f"train.keep_checkpoints) and rerun with resume=auto") from e
+    if distributed.is_main():
+        for old in checkpoint_dirs(run_dir)[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _check_space(run_dir: Path, final: Path) -> None:
+    """Raise :class:`CheckpointWriteError` on every rank when the run dir's file system has less free space than
+    the newest checkpoint takes (the new one is written beside it; the first checkpoint has no size to go by)."""
+    problem = None
+    if distributed.is_main():
+        newest = next(iter(checkpoint_dirs(run_dir)), None)
+        need = manifest_bytes(newest) if newest is not None else 0
+        free = shutil.disk_usage(run_dir).free if need else 0
+        if need > free:
+            problem = (f"not writing {final}: it needs about {_gib(need)} (the size of {newest.name}) and the file "
+                       f"system of {run_dir} has {_gib(free)} free; {newest.name} is intact: free space (or lower "
+                       f"train.keep_checkpoints) and rerun with resume=auto")
+    problem = distributed.broadcast_object(problem)
+    if problem:
+        raise CheckpointWriteError(problem)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _free(run_dir: Path) -> str:
+    return f"{_gib(shutil.disk_usage(run_dir).free)} free on the file system of {run_dir}"
+
+
+def _intact(run_dir: Path) -> str:
+    newest = checkpoint_dirs(run_dir)
+    return f"{newest[0].name} is intact" if newest else "there was no earlier checkpoint (this was the first)"
 
 
 def load_training_state(ckpt_dir: Path, engine) -> dict:

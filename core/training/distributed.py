@@ -111,6 +111,15 @@ def broadcast_object(obj):
     return box[0]
 
 
+def gather_objects(obj) -> list:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if world() == 1:
+        return [obj]
+    out = [None] * world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def launch_agreed(key: str, value: str) -> str:
     """Rank 0's ``value`` on every rank of a ``torchrun`` launch, before any process group exists (Hydra resolves
     the run dir first): shared through the store torchrun's agent hosts at MASTER_ADDR:MASTER_PORT, the one

@@ -32,6 +32,7 @@ tested here.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from pathlib import Path
 
@@ -131,11 +132,12 @@ class TorchEngine:
             self.master.take_grads()
         norm = _clip(self._stepped, self.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        if math.isfinite(norm):  # a NaN or inf gradient never reaches the weights (veRL dp_actor._optimizer_step),
+            self.optimizer.step()  # and the schedule waits with them, as DeepSpeed's overflow skip does: the loop
+            self.scheduler.step()  # then stops or counts the step (core/training/numerics.py)
+            if self.master is not None:
+                self.master.write_back()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.master is not None:
-            self.master.write_back()
         return {"grad_norm": norm, "lr": lr}
 
     def save_state(self, out_dir) -> None:

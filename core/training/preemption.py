@@ -69,9 +69,9 @@ class StopRequest:
             tmp = self.run_dir / f".{MARKER}.tmp"
             tmp.write_text(json.dumps({"signal": name, "step": step, "exit_code": REQUEUE_EXIT}))
             os.replace(tmp, self.run_dir / MARKER)
-            log.warning("stopped after step %d on %s: checkpoint written to %s/checkpoint; exit %d so the job is "
+            log.warning("stopped after step %d on %s: checkpoint written to %s/checkpoint-%d; exit %d so the job is "
                         "requeued; continue with hydra.run.dir=%s resume=auto", step, name, self.run_dir,
-                        REQUEUE_EXIT, self.run_dir)
+                        step, REQUEUE_EXIT, self.run_dir)
         distributed.barrier()  # the marker is written before any rank exits (srun --kill-on-bad-exit ends the rest)
         previous = self.previous.get(signum)
         if signum == submitit_signal() and callable(previous):

@@ -1,17 +1,23 @@
 """``core.training.checkpoint``: a folder written through ``atomic_dir`` survives a kill at any instant of its
 write and swap; ``recover`` puts the newest complete copy back and clears the leftovers; ``prior_run`` checks
-``resume`` against what the run dir holds."""
+``resume`` against what the run dir holds. Training checkpoints: the last ``keep`` kept, each verified against its
+manifest before a resume (a truncated or altered newest one falls back to the one before), free space checked before
+a write, and a write that runs out of space leaves the older ones intact."""
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from core.evaluation.schema import EvalRunConfig
-from core.training.checkpoint import (COMPLETE, AlreadyFinished, ResumeError, atomic_dir, prior_run,
-                                      recover, seed_everything)
+from core.training import checkpoint as C
+from core.training.checkpoint import (COMPLETE, AlreadyFinished, CheckpointWriteError, ResumeError, atomic_dir,
+                                      checkpoint_dirs, prior_run, recover, save_training_state, seed_everything)
 
 
 def _write(path, step: int, complete: bool = True, stamp: int = 0):
@@ -67,9 +73,9 @@ def test_prior_run_checks_resume_against_the_run_dir(tmp_path):
     assert prior_run(run, "auto").checkpoint is None
     with pytest.raises(ResumeError, match="holds no complete checkpoint"):
         prior_run(run, True)
-    _write(run / ".checkpoint.old3", 4)  # killed between the renames of its last checkpoint swap
+    os.replace(_save(run, 4), run / ".checkpoint-4.old3")  # killed between the renames of a swap of checkpoint-4
     (run / "metrics.jsonl").write_text("")
-    assert prior_run(run, True).checkpoint == run / "checkpoint" and _step(run / "checkpoint") == 4
+    assert prior_run(run, True).checkpoint == run / "checkpoint-4" and _step(run / "checkpoint-4") == 4
     with pytest.raises(ResumeError, match="already holds a run"):
         prior_run(run, False)
     (run / "summary.json").write_text(json.dumps({"run_dir": str(run), "steps": 4}))
@@ -77,6 +83,103 @@ def test_prior_run_checks_resume_against_the_run_dir(tmp_path):
         prior_run(run, "auto")
     with pytest.raises(ResumeError, match="resume='yes': expected false, true or auto"):
         prior_run(run, "yes")
+
+
+class _Engine:
+    """An engine's ``save_state``: one file of ``size`` bytes, as DeepSpeed's shards or the plain engine's
+    ``engine.pt`` are."""
+
+    def __init__(self, size: int = 1000):
+        self.size = size
+
+    def save_state(self, out_dir) -> None:
+        torch.save(torch.zeros(self.size // 4, dtype=torch.float32), Path(out_dir) / "engine.pt")
+
+
+def _save(run, step: int, keep: int = 2, engine=None) -> Path:
+    return save_training_state(run, engine or _Engine(), {"step": step}, keep=keep)
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_the_last_keep_checkpoints_stay(tmp_path, keep):
+    for step in range(1, 6):
+        _save(tmp_path, step, keep)
+    assert [p.name for p in checkpoint_dirs(tmp_path)] == [f"checkpoint-{s}" for s in range(5, 5 - keep, -1)]
+    assert sorted(os.listdir(tmp_path)) == sorted(f"checkpoint-{s}" for s in range(5, 5 - keep, -1))
+    manifest = json.loads((tmp_path / "checkpoint-5" / "MANIFEST.json").read_text())
+    assert manifest["step"] == 5 and set(manifest["files"]) == {"engine.pt", "rng.pt", "trainer.json"}
+    assert manifest["bytes"] == sum(f.stat().st_size for f in (tmp_path / "checkpoint-5").iterdir()
+                                    if f.name not in ("MANIFEST.json", COMPLETE))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda c: _truncate(c / "engine.pt"), "engine.pt holds"),  # a short read on a shared file system
+    (lambda c: _flip_a_byte(c / "engine.pt"), "engine.pt does not match its SHA-256"),  # same size, other bytes
+    (lambda c: (c / "rng.pt").unlink(), "rng.pt is missing"),
+    (lambda c: (c / "MANIFEST.json").unlink(), "no readable MANIFEST.json"),
+])
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog, damage, problem):
+    for step in (1, 2):
+        _save(tmp_path, step)
+    damage(tmp_path / "checkpoint-2")
+    with caplog.at_level(logging.WARNING, logger=C.__name__):
+        prior = prior_run(tmp_path, "auto")
+    assert prior.checkpoint == tmp_path / "checkpoint-1" and prior.step == 1
+    assert f"checkpoint {tmp_path / 'checkpoint-2'} is unreadable ({problem}" in caplog.text
+    assert os.listdir(tmp_path) == ["checkpoint-1"]  # the unreadable one is gone: its steps run again
+    _truncate(tmp_path / "checkpoint-1" / "trainer.json")
+    with pytest.raises(ResumeError, match="holds no complete checkpoint"):
+        prior_run(tmp_path, True)
+
+
+def test_a_checkpoint_is_not_started_without_the_space_the_last_one_took(tmp_path, monkeypatch):
+    _save(tmp_path, 1, engine=_Engine(4000))
+    size = C.manifest_bytes(tmp_path / "checkpoint-1")
+    free = {"bytes": size - 1}
+    monkeypatch.setattr(C.shutil, "disk_usage", lambda p: shutil_usage(free["bytes"]))
+    with pytest.raises(CheckpointWriteError, match=r"not writing .*checkpoint-2: it needs about 0.00 GiB \(the size "
+                                                   r"of checkpoint-1\).*checkpoint-1 is intact"):
+        _save(tmp_path, 2, engine=_Engine(4000))
+    assert os.listdir(tmp_path) == ["checkpoint-1"] and prior_run(tmp_path, True).step == 1
+    free["bytes"] = size
+    _save(tmp_path, 2, engine=_Engine(4000))
+    assert prior_run(tmp_path, True).step == 2
+
+
+def shutil_usage(free: int):
+    import shutil
+
+    return shutil._ntuple_diskusage(10**12, 10**12 - free, free)
+
+
+def test_a_write_that_runs_out_of_space_leaves_the_older_checkpoint_usable(tmp_path, monkeypatch):
+    """The disk fills while the second checkpoint's RNG file is written, after its engine state: the partial copy
+    goes, the first checkpoint verifies and resumes, and the error says what happened and what to do."""
+    _save(tmp_path, 1)
+    real = torch.save
+
+    def full_disk(obj, path, *a, **kw):
+        if ".checkpoint-2.tmp" in str(path) and Path(path).name == "rng.pt":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, path, *a, **kw)
+
+    monkeypatch.setattr(C.torch, "save", full_disk)
+    with pytest.raises(CheckpointWriteError, match=r"writing .*checkpoint-2 failed: No space left on device .*"
+                                                   r"checkpoint-1 is intact: free space"):
+        _save(tmp_path, 2)
+    assert os.listdir(tmp_path) == ["checkpoint-1"]
+    prior = prior_run(tmp_path, True)
+    assert prior.checkpoint == tmp_path / "checkpoint-1" and prior.step == 1
 
 
 @pytest.fixture

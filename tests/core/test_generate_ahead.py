@@ -16,6 +16,7 @@ import torch
 from core.models.logprobs import chunked_logprobs
 from core.rollout.ahead import GenerationAhead
 from core.rollout.hf import HFGenerateRollout
+from core.training.manifest import write_manifest
 from recipes import rl
 from tests.core.test_rl_runs import BASE
 
@@ -165,8 +166,8 @@ def test_a_run_killed_after_a_checkpoint_resumes_on_the_batch_it_generated_ahead
     rl.main(compose_cfg(*common), run_dir=str(tmp_path / "straight"))
     save = rl.save_training_state
 
-    def killed_after_step_2(ckpt_dir, engines, extra, local=None):
-        save(ckpt_dir, engines, extra, local=local)
+    def killed_after_step_2(run_dir, engines, extra, local=None, **kw):
+        save(run_dir, engines, extra, local=local, **kw)
         if extra["step"] == 2:
             raise Killed
 
@@ -174,11 +175,12 @@ def test_a_run_killed_after_a_checkpoint_resumes_on_the_batch_it_generated_ahead
     with pytest.raises(Killed):
         rl.main(compose_cfg(*common), run_dir=str(tmp_path / "killed"))
     monkeypatch.undo()
-    pending = torch.load(tmp_path / "killed" / "checkpoint" / "local.pt", weights_only=False)
+    pending = torch.load(tmp_path / "killed" / "checkpoint-2" / "local.pt", weights_only=False)
     # step 3's rows (scale=tiny: 4 prompts x 4 completions), sampled after step 1
     assert pending["version"] == 1 and len(pending["key"]) == 4 * 4
     shutil.copytree(tmp_path / "killed", tmp_path / "without")
-    (tmp_path / "without" / "checkpoint" / "local.pt").unlink()
+    (tmp_path / "without" / "checkpoint-2" / "local.pt").unlink()
+    write_manifest(tmp_path / "without" / "checkpoint-2", 2)  # still a checkpoint that verifies, without the batch
     for name in ("killed", "without"):
         rl.main(compose_cfg(*common, "resume=true"), run_dir=str(tmp_path / name))
     straight, resumed = _rows(tmp_path / "straight"), _rows(tmp_path / "killed")

@@ -73,7 +73,7 @@ def test_ppo_resume_restores_critic_and_beta(compose_cfg, tmp_path):
     common = (*BASE, "advantage=gae", "kl=k1", "kl.controller=adaptive", "kl.target=0.001",
               "train.checkpoint_every=1", f"paths.results_dir={tmp_path}")
     rl.train(rl.setup(compose_cfg(*common), run_dir=str(tmp_path / "run")))  # killed before its save
-    ckpt = tmp_path / "run" / "checkpoint"
+    ckpt = tmp_path / "run" / "checkpoint-2"
     assert (ckpt / "critic" / "engine.pt").exists()
     saved = json.loads((ckpt / "trainer.json").read_text())
     assert saved["step"] == 2 and saved["kl_beta"] != 0.01  # the adaptive controller moved beta
