@@ -18,6 +18,7 @@ from core.algorithms.kl_control import KL_CONTROLLERS
 from core.config.checking import check_schema
 from core.config.layout import layout_problems
 from core.config.scale import command_line_keys
+from core.config.tokens import token_id_problems
 from core.config.warm_start import decide
 from core.errors import InputError
 from core.models.loading import model_source_problem
@@ -102,9 +103,11 @@ def _model_problems(cfg, packages: bool) -> list[str]:
     errors = []
     for key, value in (("model.name_or_path", cfg.model.name_or_path),
                        ("advantage.critic.init_from", OmegaConf.select(cfg, "advantage.critic.init_from"))):
-        problem = model_source_problem(key, value)
+        problem = model_source_problem(key, value, tokenizer=key == "model.name_or_path")
         if problem:
             errors.append(problem)
+    if not any(e.startswith(("model.", "scale")) for e in errors):  # a vocabulary to check against
+        errors += token_id_problems(cfg)
     attn = cfg.model.attn_implementation
     if attn.startswith("flash_attention") and cfg.model.dtype == "float32":
         errors.append(f"model.attn_implementation={attn} with model.dtype=float32: flash-attn runs in float16 or "

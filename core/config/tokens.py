@@ -1,0 +1,57 @@
+"""Token ids in the config checked against the model's vocabulary before any model is built: every key named
+``*_id`` or ``*_ids`` holding whole numbers (``rollout.stop_token_ids``, a verifier option such as
+``verifier.kwargs.eos_id``, ...) must be an id of the vocabulary the run's model has, read from its local
+``config.json`` or, for the tiny model, from what it is built with (core/models/loading.py ``vocabulary``). An id
+outside it is never generated, so a stop id beyond the vocabulary would train without a word. A hub name's
+vocabulary is not known before it is fetched: its ids are left to the run.
+"""
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from core.models.loading import vocabulary
+
+SUFFIXES = ("_id", "_ids")
+
+
+def token_ids(node, prefix: str = "") -> list[tuple[str, object]]:
+    """``(key, value)`` of every ``*_id`` / ``*_ids`` key under ``node`` (a config, or the plain dicts and lists of
+    one) whose value is a whole number or a list holding one."""
+    if OmegaConf.is_config(node):  # unresolved: ids are typed values, and ${hydra:...} resolves only in a job
+        node = OmegaConf.to_container(node, resolve=False, throw_on_missing=False)
+    found = []
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, value in items:
+        key = f"{prefix}{k}" if isinstance(node, dict) else f"{prefix.rstrip('.')}[{k}]"
+        if str(k).endswith(SUFFIXES) and _holds_int(value):
+            found.append((key, value))
+        elif isinstance(value, (dict, list)):
+            found += token_ids(value, f"{key}.")
+    return found
+
+
+def _holds_int(value) -> bool:
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return whole(value) or (isinstance(value, list) and bool(value) and all(whole(v) for v in value))
+
+
+def token_id_problems(cfg) -> list[str]:
+    """Every token id of ``cfg`` outside ``[0, vocab_size)`` of the run's model, naming the key, the ids and the
+    vocabulary and where it was read."""
+    ids = token_ids(cfg)
+    if not ids:
+        return []
+    vocab = vocabulary(cfg.model)
+    if vocab is None:
+        return []
+    size, where = vocab
+    errors = []
+    for key, value in ids:
+        values = value if isinstance(value, list) else [value]
+        bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < size]
+        if bad:
+            errors.append(f"{key}={value}: expected token ids in [0, {size}), the vocabulary of {where}; "
+                          f"{', '.join(map(str, bad))} {'is' if len(bad) == 1 else 'are'} outside it (ids of "
+                          f"another model's tokenizer?)")
+    return errors
