@@ -20,19 +20,26 @@ CONTRACT = ("the contract (TRL's reward functions): fn(completions, **columns) -
             "completion; take **kwargs for the columns and options you do not use")
 
 
-def own_functions(name: str, kwargs: Mapping, key: str, kwargs_key: str) -> list[tuple[str, Callable, dict]]:
-    """``(where it is set, function, the options it gets)`` of each function of one's own that the reward ``name``
-    calls: itself, or the terms of a ``weighted`` sum (each gets the sum's other options and its own ``kwargs``).
-    The project's own verifiers (``verifiers.*``) are not tried: their tests hold them to the contract."""
-    fn = get_verifier(name)
-    if _own(fn):
-        return [(f"{key}={name}", fn, dict(kwargs or {}))]
+def own_functions(name: str, kwargs: Mapping, key: str, kwargs_key: str) -> list[tuple[str, Callable, dict, bool]]:
+    """``(where it is set, function, the options it gets, whether they merge into the columns)`` of each function of
+    one's own that the reward ``name`` calls: itself (its options beside the columns: a clash is a TypeError), or the
+    terms of a ``weighted`` sum and the routes of a ``routed`` one (their own options over the columns and the sum's
+    other options, verifiers/compose.py). The project's own verifiers (``verifiers.*``) are not tried: their tests
+    hold them to the contract."""
+    from verifiers.compose import _route, routed
     from verifiers.correctness import weighted_terms
 
-    terms = weighted_terms(name, kwargs) or []
-    shared = {k: v for k, v in (kwargs or {}).items() if k != "terms"}
-    return [(f"{kwargs_key}.terms[{i}].name={t.name}", get_verifier(t.name), {**shared, **t.kwargs})
-            for i, t in enumerate(terms) if _own(get_verifier(t.name))]
+    fn, kwargs = get_verifier(name), dict(kwargs or {})
+    if _own(fn):
+        return [(f"{key}={name}", fn, kwargs, False)]
+    if fn is routed:
+        shared = {k: v for k, v in kwargs.items() if k not in ("routes", "route_column", "scale")}
+        routes = [(tag, *_route(tag, spec)) for tag, spec in (kwargs.get("routes") or {}).items()]
+        return [(f"{kwargs_key}.routes.{tag}={route}", get_verifier(route), {**shared, **options}, True)
+                for tag, route, options in routes if _own(get_verifier(route))]
+    shared = {k: v for k, v in kwargs.items() if k != "terms"}
+    return [(f"{kwargs_key}.terms[{i}].name={t.name}", get_verifier(t.name), {**shared, **t.kwargs}, True)
+            for i, t in enumerate(weighted_terms(name, kwargs) or []) if _own(get_verifier(t.name))]
 
 
 def _own(fn) -> bool:
@@ -45,8 +52,9 @@ def trial_problems(name: str, kwargs: Mapping, key: str, kwargs_key: str, row: M
     called once on the stand-in ``row`` (a row of the split it scores, as the loop holds it)."""
     columns = {k: [v] for k, v in row.items() if k != "prompt"}
     completions = [str(row.get("answer", ""))]
-    return [p for where, fn, options in own_functions(name, kwargs, key, kwargs_key)
-            for p in _tried(where, fn, completions, columns, options)]
+    return [p for where, fn, options, merged in own_functions(name, kwargs, key, kwargs_key)
+            for p in (_tried(where, fn, completions, {**columns, **options}, {}) if merged else
+                      _tried(where, fn, completions, columns, options))]
 
 
 def _tried(where: str, fn: Callable, completions: list[str], columns: dict, options: dict) -> list[str]:

@@ -219,9 +219,10 @@ def weights_problem(path: Path) -> str | None:
 
 def vocabulary(model_cfg) -> tuple[int, str] | None:
     """``(vocab_size, where it was read)`` of the model ``model_cfg`` describes, without building it: a local dir's
-    ``config.json`` (``vocab_size``, or its ``text_config``'s), or the tiny model's size as :func:`_tiny_config` sets
-    it (``model.tiny.vocab_size``, else the character tokenizer's, padded to 8). None for a hub name (its config is
-    from_pretrained's to fetch) or a config that says nothing."""
+    ``config.json`` (``vocab_size``, or its ``text_config``'s), a hub name's in the local Hugging Face cache, or the
+    tiny model's size as :func:`_tiny_config` sets it (``model.tiny.vocab_size``, else the character tokenizer's,
+    padded to 8). None for a hub name not cached here (its config is from_pretrained's to fetch) or a config that
+    says nothing."""
     name = model_cfg.name_or_path
     if not name:
         if not model_cfg.tiny or model_cfg.arch not in _SPECIALS:
@@ -231,11 +232,24 @@ def vocabulary(model_cfg) -> tuple[int, str] | None:
             return int(given), "model.tiny.vocab_size"
         return (len(build_char_tokenizer(model_cfg.arch)) + 7) // 8 * 8, f"the tiny {model_cfg.arch} model"
     config = Path(str(name)).expanduser() / "config.json"
-    if model_source_problem("model.name_or_path", name) or not config.is_file():
+    if not config.is_file():
+        config = _cached_hub_config(str(name))
+    if config is None or model_source_problem("model.name_or_path", name):
         return None
     data = json.loads(config.read_text(encoding="utf-8"))
     size = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
     return (int(size), str(config)) if isinstance(size, int) else None
+
+
+def _cached_hub_config(name: str) -> Path | None:
+    """The ``config.json`` of hub model ``name`` in the local Hugging Face cache, if it is there (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # not a valid repo id (a path that does not exist)
+        return None
+    return Path(found) if isinstance(found, str) else None
 
 
 def load_tokenizer(path: str):
