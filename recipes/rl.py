@@ -140,7 +140,7 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     data = _setup_data(cfg, tokenizer, train_rows, eval_rows)
-    plan = checked_plan(cfg, plan, data.train_rows, data.eval_rows, trial=False)  # the rows max_prompt_tokens kept
+    plan = checked_plan(cfg, plan, data.train_rows, data.eval_rows, trial=False, tokenizer=tokenizer)  # rows kept
     verifier = scorers(cfg.verifier)
     run_dir, prior = _setup_run_dir(cfg, plan, run_dir)
     rows = {"training rows": len(data.train_rows), "held-out": len(data.eval_rows)}

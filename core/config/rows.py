@@ -11,14 +11,16 @@ The loop runs these checks on the rows as read, then again on the rows the token
 """
 from __future__ import annotations
 
+from core.config.tokens import tokenizer_problem
 from core.config.validate import refuse
 from verifiers import VERIFIERS
 
 
-def checked_plan(cfg, plan, train_rows: list[dict], eval_rows: list[dict], trial: bool = True):
+def checked_plan(cfg, plan, train_rows: list[dict], eval_rows: list[dict], trial: bool = True, tokenizer=None):
     """``plan.for_rows`` of the training rows, after :func:`rl_rows_problems` found none (else a ConfigError listing
-    them)."""
-    refuse(rl_rows_problems(cfg, plan, train_rows, eval_rows, trial))
+    them); with ``tokenizer`` (loaded, the model not yet), that it fits the model's vocabulary too."""
+    problem = tokenizer_problem(cfg.model, tokenizer) if tokenizer is not None else None
+    refuse(([problem] if problem else []) + rl_rows_problems(cfg, plan, train_rows, eval_rows, trial))
     return plan.for_rows(len(train_rows))
 
 

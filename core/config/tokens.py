@@ -7,6 +7,9 @@ vocabulary is not known before it is fetched: its ids are left to the run.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from omegaconf import OmegaConf
 
 from core.models.loading import vocabulary
@@ -37,17 +40,16 @@ def _holds_int(value) -> bool:
 
 
 def token_id_problems(cfg) -> list[str]:
-    """Every token id of ``cfg`` outside ``[0, vocab_size)`` of the run's model, naming the key, the ids and the
-    vocabulary and where it was read."""
+    """Every token id of ``cfg`` outside ``[0, vocab_size)`` of the run's model, and of a local model dir's own
+    ``config.json`` and ``generation_config.json`` (a pad or EOS id edited past the vocabulary) at or above it,
+    naming the key, the ids and the vocabulary and where it was read."""
     ids = token_ids(cfg)
-    if not ids:
-        return []
     vocab = vocabulary(cfg.model)
     if vocab is None:
         return []
     size, where = vocab
     errors = []
-    for key, value in ids:
+    for key, value in ids + _model_file_ids(cfg.model.name_or_path):
         values = value if isinstance(value, list) else [value]
         bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < size]
         if bad:
@@ -55,3 +57,31 @@ def token_id_problems(cfg) -> list[str]:
                           f"{', '.join(map(str, bad))} {'is' if len(bad) == 1 else 'are'} outside it (ids of "
                           f"another model's tokenizer?)")
     return errors
+
+
+def _model_file_ids(name_or_path) -> list[tuple[str, object]]:
+    """``(file: key, value)`` of the token ids a local model dir's config files set, those at or above 0 (some
+    released configs write -1 for "none")."""
+    d = Path(str(name_or_path or "")).expanduser()
+    if not name_or_path or not d.is_dir():
+        return []
+    found = []
+    for name in ("config.json", "generation_config.json"):
+        try:
+            data = json.loads((d / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # absent, or unreadable: model_source_problem names the config
+            continue
+        found += [(f"{d / name}: {key}", value) for key, value in token_ids(data)
+                  if all(v >= 0 for v in (value if isinstance(value, list) else [value]))]
+    return found
+
+
+def tokenizer_problem(model_cfg, tokenizer) -> str | None:
+    """A tokenizer with more tokens than the model has embeddings (another model's tokenizer beside the weights): its
+    top ids would index past the embedding table. Checked once the tokenizer is loaded, before the model."""
+    vocab = vocabulary(model_cfg)
+    if vocab is None or len(tokenizer) <= vocab[0]:
+        return None
+    return (f"model.name_or_path={model_cfg.name_or_path}: its tokenizer has {len(tokenizer)} tokens but the model's "
+            f"vocabulary ({vocab[1]}) has {vocab[0]}; expected a tokenizer of at most {vocab[0]} tokens (the one "
+            f"saved with the model)")
