@@ -98,6 +98,28 @@ def test_token_ids_are_checked_against_a_local_models_config(refused, compose_cf
     assert token_id_problems(compose_cfg("recipe=simplerl_zoo_7b")) == []
 
 
+def test_a_local_models_own_token_ids_and_its_tokenizer_are_checked(refused, tmp_path):
+    """A pad or EOS id edited past the vocabulary in the dir's config files; a tokenizer of another model beside the
+    weights (more tokens than embeddings), found once it is loaded, before the model."""
+    from core.models.loading import build_char_tokenizer
+
+    d = _model_dir(tmp_path, vocab=64)
+    (d / "config.json").write_text(json.dumps({"vocab_size": 64, "pad_token_id": 70, "bos_token_id": -1}))
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 99]}))
+    msg = refused(f"model.name_or_path={d}")
+    assert f"{d}/config.json: pad_token_id=70: expected token ids in [0, 64)" in msg
+    assert f"{d}/generation_config.json: eos_token_id=[2, 99]: expected token ids in [0, 64)" in msg
+    assert "bos_token_id" not in msg  # -1: "none" in some released configs
+    (d / "config.json").write_text(json.dumps({"vocab_size": 64}))
+    (d / "generation_config.json").unlink()
+    (d / "tokenizer.json").unlink()
+    tokenizer = build_char_tokenizer("qwen2")
+    tokenizer.save_pretrained(d)
+    msg = refused(f"model.name_or_path={d}")
+    assert len(tokenizer) > 64 and f"model.name_or_path={d}: its tokenizer has {len(tokenizer)} tokens but the model's vocabulary ({d}/config.json) " \
+           f"has 64; expected a tokenizer of at most 64 tokens" in msg
+
+
 # --- a reward function of one's own ---------------------------------------------------------------------------------
 
 REWARDS = '''
@@ -153,6 +175,16 @@ def test_a_weighted_term_of_ones_own_is_tried_and_named_by_its_place(refused, re
     msg = refused("verifier=weighted", "verifier.accuracy_term=math",
                   f"verifier.kwargs.terms=[{{name: math}}, {{name: '{reward_file}:no_columns', weight: 0.1}}]")
     assert f"verifier.kwargs.terms[1].name={reward_file}:no_columns: no_columns(completions) cannot take" in msg
+
+
+def test_a_routed_route_of_ones_own_is_tried_with_the_columns_it_gets(reward_file):
+    from verifiers import VERIFIERS
+
+    row = {**ROWS[0], "dataset": "gsm8k"}
+    kwargs = {"routes": {"gsm8k": f"{reward_file}:no_columns", "math": "math"}}
+    (msg,) = VERIFIERS.problems("routed", kwargs, "verifier.name", "verifier.kwargs", sample=row)
+    assert msg.startswith(f"verifier.kwargs.routes.gsm8k={reward_file}:no_columns: no_columns(completions) cannot "
+                          f"take what the loop passes, no_columns(['1'], answer=['1'], dataset=['gsm8k'])")
 
 
 def test_a_reward_that_keeps_the_contract_passes_its_trial(reward_file):
