@@ -81,8 +81,6 @@ def apply_scale(cfg, keep: tuple[str, ...] = (), world: int | None = None):
     cfg.model.tiny = s.model
     cfg.model.dtype = "float32"
     cfg.model.attn_implementation = "sdpa"
-    if OmegaConf.select(cfg, "rollout.stop_token_ids"):  # ids of the real model's vocabulary: the tiny model's
-        cfg.rollout.stop_token_ids = []  # character tokenizer has its own (core/config/tokens.py checks them)
     if OmegaConf.select(cfg, "advantage.critic.init_from"):  # a reward-model checkpoint: the tiny policy's weights
         cfg.advantage.critic.init_from = None
     for group in ("data", "verifier"):  # local stand-ins for a hub dataset, and the verifier options they need

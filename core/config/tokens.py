@@ -39,11 +39,23 @@ def _holds_int(value) -> bool:
     return whole(value) or (isinstance(value, list) and bool(value) and all(whole(v) for v in value))
 
 
-def token_id_problems(cfg) -> list[str]:
-    """Every token id of ``cfg`` outside ``[0, vocab_size)`` of the run's model, and of a local model dir's own
+def checked_ids(cfg, typed: tuple[str, ...]) -> list[tuple[str, object]]:
+    """The token ids of ``cfg`` to check: all of them at ``scale=full``; under another scale only those ``typed`` on
+    the command line. A recipe's ids name tokens of the model it names, and ``scale=tiny`` swaps that model for a tiny
+    one with a character tokenizer and keeps them (the tiny model never generates them): they are checked at full
+    scale, against the recipe's model."""
+    ids = token_ids(cfg)
+    if OmegaConf.select(cfg, "scale.name", default="full") == "full":
+        return ids
+    return [(key, v) for key, v in ids if any(key == t or key.startswith((f"{t}.", f"{t}[")) for t in typed)]
+
+
+def token_id_problems(cfg, typed: tuple[str, ...] = ()) -> list[str]:
+    """Every token id of ``cfg`` (:func:`checked_ids`, ``typed``: the keys set on the command line) outside
+    ``[0, vocab_size)`` of the run's model, and of a local model dir's own
     ``config.json`` and ``generation_config.json`` (a pad or EOS id edited past the vocabulary) at or above it,
     naming the key, the ids and the vocabulary and where it was read."""
-    ids = token_ids(cfg)
+    ids = checked_ids(cfg, typed)
     vocab = vocabulary(cfg.model)
     if vocab is None:
         return []

@@ -107,7 +107,7 @@ def _model_problems(cfg, packages: bool) -> list[str]:
         if problem:
             errors.append(problem)
     if not any(e.startswith(("model.", "scale")) for e in errors):  # a vocabulary to check against
-        errors += token_id_problems(cfg)
+        errors += token_id_problems(cfg, command_line_keys())
     attn = cfg.model.attn_implementation
     if attn.startswith("flash_attention") and cfg.model.dtype == "float32":
         errors.append(f"model.attn_implementation={attn} with model.dtype=float32: flash-attn runs in float16 or "

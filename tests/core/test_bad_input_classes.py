@@ -85,6 +85,19 @@ def test_token_ids_are_checked_against_the_tiny_models_vocabulary(refused, overr
     assert f"{key}={value}: expected token ids in {vocab}" in msg
 
 
+def test_at_tiny_scale_the_ids_typed_are_checked_and_the_recipes_kept(refused, compose_cfg):
+    """``scale=tiny`` swaps the recipe's model for the tiny one and keeps the recipe's stop ids (Qwen2.5's, checked at
+    full scale against that model); ids typed on the command line are checked against the tiny model."""
+    from core.config.scale import apply_scale
+    from core.config.tokens import token_id_problems
+
+    msg = refused("scale=tiny", "rollout.stop_token_ids=[3,500]", "train.warm_start.holdout=8")
+    assert "rollout.stop_token_ids=[3, 500]: expected token ids in [0, 104)" in msg
+    tiny = apply_scale(compose_cfg("recipe=simplerl_zoo_7b", "scale=tiny"))
+    assert 151645 in tiny.rollout.stop_token_ids and token_id_problems(tiny) == []
+    assert "151645" in token_id_problems(tiny, typed=("rollout.stop_token_ids",))[0]
+
+
 def test_token_ids_are_checked_against_a_local_models_config(refused, compose_cfg, tmp_path):
     from core.config.pipeline import prepare
     from core.config.tokens import token_id_problems
