@@ -8,6 +8,7 @@ a JSON array of row objects (``.json``) and Parquet (``.parquet``).
 """
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import zlib
@@ -26,6 +27,7 @@ FORMATS = {".jsonl.gz": "gzip-compressed JSON Lines", ".jsonl": "JSON Lines (one
 # format found in a file's content -> the extension it would be read under
 EXTENSION_OF = {"jsonl": ".jsonl", "json array": ".json", "gzip": ".jsonl.gz", "parquet": ".parquet"}
 HEAD = 1 << 16  # bytes looked at to tell the format
+JSONL = ("jsonl", "JSON Lines (its first line is one JSON object)")
 
 
 def extension(name: str) -> str | None:
@@ -42,21 +44,23 @@ def sniff(head: bytes) -> tuple[str, str]:
                               (b"PK\x03\x04", "zip", "a zip archive (an .xlsx workbook is one)")):
         if head.startswith(magic):
             return kind, what
-    try:
-        text = head.decode("utf-8") if len(head) < HEAD else head[:-4].decode("utf-8", errors="strict")
+    try:  # a character cut at the end of the head is left for the next read, not called binary
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < HEAD)
     except UnicodeDecodeError:
         return "binary", f"binary data, not UTF-8 text (it starts with bytes {head[:8]!r})"
     text = text.lstrip("\ufeff \t\r\n")
     first = text.splitlines()[0] if text else ""
     if text.startswith("["):
         return "json array", "a JSON array (its content starts with '[')"
+    if text.startswith("{") and "\n" not in text and len(head) >= HEAD:  # a first row longer than the head
+        return JSONL
     if text.startswith("{"):
         try:
             one = json.loads(first)
         except json.JSONDecodeError:
             return "json object", "one JSON object spread over several lines (its first line is '{')"
         if isinstance(one, dict):
-            return "jsonl", "JSON Lines (its first line is one JSON object)"
+            return JSONL
     sep = "\t" if "\t" in first else "," if "," in first else None
     if sep:
         return ("tsv" if sep == "\t" else "csv"), f"{'TSV' if sep == chr(9) else 'CSV'} text (its first line " \
