@@ -12,8 +12,7 @@ The loop runs these checks on the rows as read, then again on the rows the token
 from __future__ import annotations
 
 from core.config.tokens import tokenizer_problem
-from core.config.validate import refuse
-from verifiers import VERIFIERS
+from core.config.validate import refuse, reward_trial_problems
 
 
 def checked_plan(cfg, plan, train_rows: list[dict], eval_rows: list[dict], trial: bool = True, tokenizer=None):
@@ -38,7 +37,7 @@ def rl_rows_problems(cfg, plan, train_rows: list[dict], eval_rows: list[dict], t
     if plan.warm_start:
         errors += _warm_start_problems(cfg.train.warm_start, cfg.data, train_rows)
     if trial:
-        errors += _reward_problems(cfg.verifier, train_rows[:1], eval_rows[:1])
+        errors += reward_trial_problems(cfg.verifier, train_rows[:1], eval_rows[:1])
     return errors
 
 
@@ -58,16 +57,3 @@ def _warm_start_problems(ws, data, train_rows: list[dict]) -> list[str]:
                       f"data.answer_key={data.answer_key} gives none; set data.answer_key or "
                       f"train.warm_start.enabled=false")
     return errors
-
-
-def _reward_problems(v, train: list[dict], held: list[dict]) -> list[str]:
-    """The training reward tried on the first training row, and the evaluation's (``verifier.eval_name``, else the
-    training reward when the held-out rows have other columns) on the first held-out row."""
-    found = []
-    if train:
-        found += VERIFIERS.problems(v.name, v.kwargs or {}, "verifier.name", "verifier.kwargs", sample=train[0])
-    if held and (v.get("eval_name") or not train or set(held[0]) != set(train[0])):  # else the same call again
-        key, kwargs = ("eval_name", "eval_kwargs") if v.get("eval_name") else ("name", "kwargs")
-        found += VERIFIERS.problems(v[key], v.get(kwargs) or {}, f"verifier.{key}", f"verifier.{kwargs}",
-                                    sample=held[0])
-    return found

@@ -217,6 +217,20 @@ def _check_verifier(cfg, errors: list[str]) -> None:
                                          "verifier.accuracy_term", term)
 
 
+def reward_trial_problems(v, train: list[dict], held: list[dict]) -> list[str]:
+    """Run once the rows are read (core/config/rows.py): the training reward's functions of one's own tried on the
+    first training row, and the evaluation's (``verifier.eval_name``, else the training reward when the held-out rows
+    have other columns) on the first held-out row (verifiers/trial.py)."""
+    found = []
+    if train:
+        found += VERIFIERS.problems(v.name, v.kwargs or {}, "verifier.name", "verifier.kwargs", sample=train[0])
+    if held and (v.get("eval_name") or not train or set(held[0]) != set(train[0])):  # else the same call again
+        key, kwargs = ("eval_name", "eval_kwargs") if v.get("eval_name") else ("name", "kwargs")
+        found += VERIFIERS.problems(v[key], v.get(kwargs) or {}, f"verifier.{key}", f"verifier.{kwargs}",
+                                    sample=held[0])
+    return found
+
+
 def _check_holdout(data, errors: list[str]) -> None:
     """Where the held-out rows come from: a file (``data.eval_path``) or rows of the training file held out
     (``data.eval_holdout``), not both; a file source needs one of them."""
