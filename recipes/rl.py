@@ -40,6 +40,7 @@ from core.config.frozen import FrozenConfig
 from core.config.pipeline import prepare, recorded
 from core.config.plan import RLPlan
 from core.config.resume import check_resume_config, write_config
+from core.config.rows import checked_plan
 from core.data import prompts as D
 from core.models.loading import load_tokenizer, model_dir
 from core.reporting.console import announced, log_step, start_summary
@@ -136,11 +137,11 @@ def setup(cfg, run_dir: str | None = None) -> Run:
     rank, _ = distributed.init(device, cfg.collective_timeout_s)
     seed_everything(cfg.seed, cfg.deterministic)
     train_rows, eval_rows = D.load_split(cfg.data, "train"), D.load_split(cfg.data, "eval")
-    plan = prepared.plan.for_rows(len(train_rows))  # a step's prompts fit in the data: before any model
+    plan = checked_plan(cfg, prepared.plan, train_rows, eval_rows)  # what the rows decide, the reward's trial call
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     data = _setup_data(cfg, tokenizer, train_rows, eval_rows)
-    plan = plan.for_rows(len(data.train_rows))  # train.epochs: passes over the rows data.max_prompt_tokens kept
+    plan = checked_plan(cfg, plan, data.train_rows, data.eval_rows, trial=False, tokenizer=tokenizer)  # rows kept
     verifier = scorers(cfg.verifier)
     run_dir, prior = _setup_run_dir(cfg, plan, run_dir)
     rows = {"training rows": len(data.train_rows), "held-out": len(data.eval_rows)}

@@ -214,6 +214,7 @@ def test_compare_plots_the_training_curves(sweep, tmp_path):
     pytest.param(["device=cuda"], "device=cuda: no CUDA device is available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     (["zero=stage3"], "train.warm_start.steps=5 with zero.stage=3: the warm start trains a full copy"),
+    (["train.warm_start.holdout=70"], "train.warm_start.holdout=70 with 64 training rows"),  # issue 30: rows known
     slow(["layout=colocate"], "layout.learner_gpus=8 but this run has 1 rank(s) (no WORLD_SIZE: one process)"),
 ])
 def test_bad_input_fails_before_any_model_is_built(tmp_path, overrides, message):

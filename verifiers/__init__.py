@@ -29,11 +29,12 @@ VerifierFn = Callable[..., "list[float | None]"]
 
 
 def kwargs_problems(name: str, kwargs: Mapping, key: str, kwargs_key: str, accuracy_key: str | None = None,
-                    accuracy_term: str | None = None) -> list[str]:
+                    accuracy_term: str | None = None, sample: Mapping | None = None) -> list[str]:
     """The config problems of verifier ``name`` set at ``key`` with options ``kwargs`` set at ``kwargs_key``: a
     name that does not resolve, or an option the function takes no parameter for (unless it takes ``**columns``);
     with ``accuracy_key``, a reward whose accuracy term (``accuracy_term``, null: its one correctness term) is not
-    there or not one (verifiers/correctness.py)."""
+    there or not one (verifiers/correctness.py); with ``sample`` (a row of the data, once it is read), what a
+    function of one's own does with it (verifiers/trial.py)."""
     try:
         fn = VERIFIERS.get(name)
     except (KeyError, ImportError, AttributeError, ValueError) as e:
@@ -49,6 +50,10 @@ def kwargs_problems(name: str, kwargs: Mapping, key: str, kwargs_key: str, accur
             resolve(name, kwargs, accuracy_term, accuracy_key)
         except (KeyError, TypeError, ValueError) as e:
             found.append(str(e.args[0] if e.args else e))
+    if sample is not None and not found:
+        from verifiers.trial import trial_problems
+
+        found += trial_problems(name, kwargs or {}, key, kwargs_key, sample)
     return found
 
 

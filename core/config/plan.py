@@ -131,14 +131,21 @@ class RLPlan(RunPlan):
     def optimizer_steps_per_step(self) -> int:
         return self.optimizer_steps_per_rl_step
 
+    def rows_problem(self, rows: int) -> str | None:
+        """Why a step cannot draw its prompts from ``rows`` training rows, or None."""
+        if self.prompts_per_step > rows:
+            return (f"train.prompts_per_step={self.prompts_per_step} is larger than the training set ({rows} rows "
+                    f"after filtering)")
+        return None
+
     def for_rows(self, rows: int) -> RLPlan:
         """The plan for ``rows`` training rows (after the filters): ``train.epochs`` drop-last passes of
         ``rows // prompts_per_step`` steps (veRL's ``drop_last`` dataloader, :class:`core.data.prompts.PromptSampler`),
         else ``train.total_steps``. Raises :class:`core.config.validate.ConfigError` when a step needs more prompts than
         there are rows."""
-        if self.prompts_per_step > rows:
-            refuse([f"train.prompts_per_step={self.prompts_per_step} is larger than the training set ({rows} rows "
-                    f"after filtering)"])
+        problem = self.rows_problem(rows)
+        if problem:
+            refuse([problem])
         steps = self.total_steps if self.epochs is None else self.epochs * (rows // self.prompts_per_step)
         return dataclasses.replace(self, rows=rows, total_steps=steps)
 

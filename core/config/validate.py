@@ -18,6 +18,7 @@ from core.algorithms.kl_control import KL_CONTROLLERS
 from core.config.checking import check_schema
 from core.config.layout import layout_problems
 from core.config.scale import command_line_keys
+from core.config.tokens import token_id_problems
 from core.config.warm_start import decide
 from core.errors import InputError
 from core.models.loading import model_source_problem
@@ -102,9 +103,11 @@ def _model_problems(cfg, packages: bool) -> list[str]:
     errors = []
     for key, value in (("model.name_or_path", cfg.model.name_or_path),
                        ("advantage.critic.init_from", OmegaConf.select(cfg, "advantage.critic.init_from"))):
-        problem = model_source_problem(key, value)
+        problem = model_source_problem(key, value, tokenizer=key == "model.name_or_path")
         if problem:
             errors.append(problem)
+    if not any(e.startswith(("model.", "scale")) for e in errors):  # a vocabulary to check against
+        errors += token_id_problems(cfg, command_line_keys())
     attn = cfg.model.attn_implementation
     if attn.startswith("flash_attention") and cfg.model.dtype == "float32":
         errors.append(f"model.attn_implementation={attn} with model.dtype=float32: flash-attn runs in float16 or "
@@ -212,6 +215,20 @@ def _check_verifier(cfg, errors: list[str]) -> None:
             term = v.get("accuracy_term") if key == "name" or v[key] == "weighted" else None
             errors += VERIFIERS.problems(v[key], v.get(kwargs) or {}, f"verifier.{key}", f"verifier.{kwargs}",
                                          "verifier.accuracy_term", term)
+
+
+def reward_trial_problems(v, train: list[dict], held: list[dict]) -> list[str]:
+    """Run once the rows are read (core/config/rows.py): the training reward's functions of one's own tried on the
+    first training row, and the evaluation's (``verifier.eval_name``, else the training reward when the held-out rows
+    have other columns) on the first held-out row (verifiers/trial.py)."""
+    found = []
+    if train:
+        found += VERIFIERS.problems(v.name, v.kwargs or {}, "verifier.name", "verifier.kwargs", sample=train[0])
+    if held and (v.get("eval_name") or not train or set(held[0]) != set(train[0])):  # else the same call again
+        key, kwargs = ("eval_name", "eval_kwargs") if v.get("eval_name") else ("name", "kwargs")
+        found += VERIFIERS.problems(v[key], v.get(kwargs) or {}, f"verifier.{key}", f"verifier.{kwargs}",
+                                    sample=held[0])
+    return found
 
 
 def _check_holdout(data, errors: list[str]) -> None:

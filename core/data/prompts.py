@@ -9,23 +9,17 @@ the token-length limit (dropped, or left-truncated as TRL 0.18 did for Open-R1).
 """
 from __future__ import annotations
 
-import gzip
-import json
 import random
 from pathlib import Path
 from typing import Callable
 
 from core import paths
-from core.errors import InputError
+from core.data.files import DataError, read_rows  # noqa: F401  (the readers' names, here since before files.py)
 from core.hub import reading
 from core.registry import Registry
 
 SourceFn = Callable[[object, str], "list[dict]"]
 SOURCES: Registry[SourceFn] = Registry("data.source")
-
-
-class DataError(InputError):
-    """Bad data configuration or a missing file; raised before any model is built."""
 
 
 @SOURCES.register("arithmetic")
@@ -114,37 +108,6 @@ def rlvr_mixture_tiny(cfg, split: str) -> list[dict]:
     from core.data.rlvr_tiny import rows
 
     return rows(cfg, split)
-
-
-def _json_line(line: str, path: Path, n: int, key: str) -> dict:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{key}: {path} line {n} is not valid JSON ({e.msg} at column {e.colno}): "
-                        f"{line.strip()[:80]!r}") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{key}: {path} line {n} is a JSON {type(row).__name__}, expected an object (one row)")
-    return row
-
-
-def read_rows(path: Path, key: str = "data.path") -> list[dict]:
-    if not path.exists():
-        raise DataError(f"{key}: data file not found: {path}")
-    name = path.name
-    if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    if name.endswith((".jsonl", ".jsonl.gz")):
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as fh:
-            return [_json_line(line, path, n, key) for n, line in enumerate(fh, 1) if line.strip()]
-    if name.endswith(".json"):
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{key}: {path} line {e.lineno} column {e.colno} is not valid JSON: {e.msg}") from None
-    raise DataError(f"{key}: unsupported file type {path} (expected .jsonl, .jsonl.gz, .json or .parquet)")
 
 
 def split_keys(cfg, split: str) -> dict[str, str | None]:

@@ -84,7 +84,7 @@ def _source_problems(cfg) -> list[str]:
         return [f"run_dir={run_dir} and model.name_or_path={name}: give one of them (a run dir's model is its "
                 f"model/)"]
     if name is not None:
-        problem = model_source_problem("model.name_or_path", name)
+        problem = model_source_problem("model.name_or_path", name, tokenizer=True)
         return [problem] if problem else []
     d = Path(str(run_dir)).expanduser()
     if not d.is_dir():

@@ -165,10 +165,11 @@ def model_dir(model_cfg) -> str:
     return str(build_tiny_model_dir(model_cfg.arch, tiny, model_cfg.init_seed))
 
 
-def model_source_problem(key: str, name_or_path: str | None) -> str | None:
+def model_source_problem(key: str, name_or_path: str | None, tokenizer: bool = False) -> str | None:
     """Why ``name_or_path`` cannot be loaded, told apart from a bad hub name: a local path (absolute, ``.``,
-    ``~``, or an existing dir) must be a dir holding ``config.json``. A hub name (``org/name``) is left to
-    ``from_pretrained``: its cache or the network decide."""
+    ``~``, or an existing dir) must be a dir holding a readable ``config.json`` and weights (:func:`weights_problem`),
+    and with ``tokenizer`` (a policy's dir, where its tokenizer loads from) a tokenizer. A hub name (``org/name``) is
+    left to ``from_pretrained``: its cache or the network decide."""
     if not name_or_path:
         return None
     path = Path(str(name_or_path)).expanduser()
@@ -179,7 +180,76 @@ def model_source_problem(key: str, name_or_path: str | None) -> str | None:
         return f"{key}={name_or_path}: no such local directory (a hub name looks like org/name)"
     if not (path / "config.json").exists():
         return f"{key}={name_or_path}: the directory has no config.json, so it is not a saved model"
-    return None
+    try:
+        json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return f"{key}={name_or_path}: {path / 'config.json'} is not valid JSON ({e}); expected a saved model's config"
+    problem = weights_problem(path)
+    if problem is None and tokenizer and not any((path / f).exists() for f in TOKENIZER_FILES):
+        problem = (f"holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save one beside the model "
+                   f"(tokenizer.save_pretrained(dir))")
+    return f"{key}={name_or_path}: the directory {problem}" if problem else None
+
+
+# Files a saved tokenizer is loaded from (AutoTokenizer.from_pretrained: a fast tokenizer's tokenizer.json, a
+# SentencePiece model, or a BPE vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+# Index files of sharded weights (transformers' SAFE_WEIGHTS_INDEX_NAME and WEIGHTS_INDEX_NAME).
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def weights_problem(path: Path) -> str | None:
+    """What a local model dir lacks of its weights, or None: ``*.safetensors`` or ``*.bin`` files, or a shard index
+    (``model.safetensors.index.json``) whose every shard is there. Said as a predicate of "the directory"."""
+    for index in WEIGHT_INDEXES:
+        if (path / index).exists():
+            try:
+                shards = set(json.loads((path / index).read_text())["weight_map"].values())
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                return f"has an unreadable weight index {index} ({type(e).__name__}: {e})"
+            missing = sorted(s for s in shards if not (path / s).is_file())
+            return f"lacks {len(missing)} of the {len(shards)} shards {index} lists: {', '.join(missing[:4])}" \
+                if missing else None
+    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        return None
+    return (f"holds config.json but no weights (no *.safetensors, *.bin or {' / '.join(WEIGHT_INDEXES)}; "
+            f"it holds {', '.join(sorted(p.name for p in path.iterdir())[:8])}); save the model with "
+            f"model.save_pretrained(dir), or copy its weight files there")
+
+
+def vocabulary(model_cfg) -> tuple[int, str] | None:
+    """``(vocab_size, where it was read)`` of the model ``model_cfg`` describes, without building it: a local dir's
+    ``config.json`` (``vocab_size``, or its ``text_config``'s), a hub name's in the local Hugging Face cache, or the
+    tiny model's size as :func:`_tiny_config` sets it (``model.tiny.vocab_size``, else the character tokenizer's,
+    padded to 8). None for a hub name not cached here (its config is from_pretrained's to fetch) or a config that
+    says nothing."""
+    name = model_cfg.name_or_path
+    if not name:
+        if not model_cfg.tiny or model_cfg.arch not in _SPECIALS:
+            return None
+        given = model_cfg.tiny.get("vocab_size")
+        if given:
+            return int(given), "model.tiny.vocab_size"
+        return (len(build_char_tokenizer(model_cfg.arch)) + 7) // 8 * 8, f"the tiny {model_cfg.arch} model"
+    config = Path(str(name)).expanduser() / "config.json"
+    if not config.is_file():
+        config = _cached_hub_config(str(name))
+    if config is None or model_source_problem("model.name_or_path", name):
+        return None
+    data = json.loads(config.read_text(encoding="utf-8"))
+    size = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
+    return (int(size), str(config)) if isinstance(size, int) else None
+
+
+def _cached_hub_config(name: str) -> Path | None:
+    """The ``config.json`` of hub model ``name`` in the local Hugging Face cache, if it is there (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # not a valid repo id (a path that does not exist)
+        return None
+    return Path(found) if isinstance(found, str) else None
 
 
 def load_tokenizer(path: str):
