@@ -107,8 +107,7 @@ def setup(cfg) -> Run:
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     tokenizer.padding_side = cfg.train.padding_side
-    if cfg.data.chat_template_override:  # forced over the checkpoint's, as Open-Instruct's --chat_template; saved with it
-        tokenizer.chat_template = cfg.data.chat_template_override
+    PD.force_chat_template(tokenizer, cfg.data)
     data = _setup_data(cfg, tokenizer, train_rows, eval_rows, stats)
     plan = prepared.plan.for_rows(len(data.train_pairs))  # again: length filters may have dropped pairs
     if distributed.is_main():

@@ -163,6 +163,13 @@ def _text_of(x) -> str:
     return ""
 
 
+def force_chat_template(tokenizer, cfg) -> None:
+    """``data.chat_template_override`` set on the tokenizer over the checkpoint's own, as Open-Instruct's
+    ``reward_modeling.py:244`` does with ``--chat_template`` (@3dd7a07d); the saved model's tokenizer keeps it."""
+    if cfg.chat_template_override:
+        tokenizer.chat_template = cfg.chat_template_override
+
+
 def tokenize_text(x, tokenizer, cfg) -> list[int]:
     """Token ids of one side: chat messages rendered by the tokenizer's chat template, then (when
     ``data.append_eos``) trailing newlines stripped and EOS appended if missing, as OpenRLHF does."""
