@@ -130,12 +130,25 @@ def explanation(prepared, rows: int | None, why: str = "", published: bool = Fal
     out = lines(cfg, n)
     if why:
         out.append(f"  (rows: {why})")
+    out += release_lines(cfg.source)
     view = SOURCE_VIEWS.get(cfg.source.name)(cfg, n)
     if view:
         out.append(f"in {cfg.source.name}'s flags:")
         out += [f"  {flag}: {value}" for flag, value in view]
     for note in cfg.source.notes:
         out.append(f"note: {note}")
+    return out
+
+
+def release_lines(source) -> list[str]:
+    """The published run a recipe reproduces and the framework release whose defaults it takes (``source.defaults``:
+    core/config/release.py)."""
+    out = [f"reproduces: {source.run}"] if source.run else []
+    if source.release:
+        took = source.written_release if source.defaults == "written" else source.release
+        other = "pinned" if source.defaults == "written" else "written"
+        alt = source.release if other == "pinned" else source.written_release
+        out.append(f"defaults: {took} (source.defaults={source.defaults}; source.defaults={other}: {alt})")
     return out
 
 
