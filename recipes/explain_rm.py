@@ -29,8 +29,8 @@ def rm_explanation(prepared, count: bool) -> list[str]:
     out = [f"recipe {cfg.recipe_name}" + (f"  (source: {cfg.source.ref})" if cfg.source.ref else ""),
            f"GPUs: {plan.world_size} learner GPU(s) on {lay.nodes} node(s) x {lay.gpus_per_node}; a reward model: "
            f"no rollout",
-           f"one optimiser step: train.batch_size {plan.batch_size} pairs = {2 * plan.batch_size} sequences (chosen and "
-           f"rejected of a pair in one forward)",
+           f"one optimiser step: train.batch_size {plan.batch_size} pairs = {2 * plan.batch_size} sequences "
+           f"(chosen and rejected of a pair in one forward)",
            f"  per learner: {plan.pairs_per_rank} pairs = train.micro_batch_size {plan.micro_batch_size} x "
            f"{plan.grad_accum} accumulated ({plan.batch_size} / ({plan.micro_batch_size} x {plan.world_size} "
            f"learners))"]

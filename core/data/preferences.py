@@ -4,7 +4,8 @@ Every source yields rows with a ``chosen`` and a ``rejected`` column (strings, o
 that go through the tokenizer's chat template) and optionally a ``margin``. Rows are checked here,
 on text only, before any model is built: a missing column, an empty text or the same text on both
 sides drops the row with a count (``data.bad_rows: drop``, the default), stops the run with the
-row index (``error``), or is counted and kept (``keep``: what Open-Instruct and OpenRLHF do). Length limits need the tokenizer and live in :func:`tokenize_pairs`.
+row index (``error``), or is counted and kept (``keep``: what Open-Instruct and OpenRLHF do).
+Length limits need the tokenizer and live in :func:`tokenize_pairs`.
 """
 from __future__ import annotations
 
