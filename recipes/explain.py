@@ -16,13 +16,22 @@ framework in core/reporting/source_views.py):
   steps, the schedule's length and warmup; the views of each example (completions generated per training row);
 - ``source.notes``: where an article's figure differs from the source's.
 
+A reward-model recipe (``loop: rm``, recipes/rm.py) gets its own lines: the GPUs; one optimiser step's pairs and
+sequences, each learner's share as micro-batch x accumulation; the tokens a step holds (bounded by ``train.max_len``,
+or not, where a length filter keeps long pairs whole); the pairs after the filters (a hub dataset's only with
+``--count-rows``), steps per epoch and the run's optimiser steps, schedule and warmup.
+
 A config that breaks an invariant prints the check's message and the arithmetic that fails, and exits 1.
 """
 from __future__ import annotations
 
 import sys
 
+from core.registry import Registry
 from core.reporting.source_views import SOURCE_VIEWS
+
+# ``loop`` -> fn(prepared, count_rows) -> the printed lines
+EXPLANATIONS: Registry = Registry("recipes.explain loop")
 
 
 def numbers(plan) -> dict:
@@ -98,11 +107,17 @@ def explain(argv: list[str]) -> list[str]:
 
     overrides = [a for a in argv if a != COUNT_ROWS]
     prepared = prepare(overrides, launched=True, packages=False)  # explains anywhere: the gpu extra may be absent
-    if prepared.config.loop != "rl":
-        raise SystemExit(f"recipes.explain explains RL recipes; loop={prepared.config.loop}")
-    cfg, count = prepared.config, COUNT_ROWS in argv
-    published = cfg.data.source == "hub" and not count
-    return explanation(prepared, *_train_rows(cfg, count), published=published)
+    return EXPLANATIONS.get(prepared.config.loop)(prepared, COUNT_ROWS in argv)
+
+
+@EXPLANATIONS.register("rl")
+def rl_explanation(prepared, count: bool) -> list[str]:
+    """An RL recipe's lines, its training rows counted as :func:`_train_rows` says."""
+    published = prepared.config.data.source == "hub" and not count
+    return explanation(prepared, *_train_rows(prepared.config, count), published=published)
+
+
+EXPLANATIONS.declare("rm", "recipes.explain_rm:rm_explanation")
 
 
 def explanation(prepared, rows: int | None, why: str = "", published: bool = False) -> list[str]:
@@ -115,12 +130,25 @@ def explanation(prepared, rows: int | None, why: str = "", published: bool = Fal
     out = lines(cfg, n)
     if why:
         out.append(f"  (rows: {why})")
+    out += release_lines(cfg.source)
     view = SOURCE_VIEWS.get(cfg.source.name)(cfg, n)
     if view:
         out.append(f"in {cfg.source.name}'s flags:")
         out += [f"  {flag}: {value}" for flag, value in view]
     for note in cfg.source.notes:
         out.append(f"note: {note}")
+    return out
+
+
+def release_lines(source) -> list[str]:
+    """The published run a recipe reproduces and the framework release whose defaults it takes (``source.defaults``:
+    core/config/release.py)."""
+    out = [f"reproduces: {source.run}"] if source.run else []
+    if source.release:
+        took = source.written_release if source.defaults == "written" else source.release
+        other = "pinned" if source.defaults == "written" else "written"
+        alt = source.release if other == "pinned" else source.written_release
+        out.append(f"defaults: {took} (source.defaults={source.defaults}; source.defaults={other}: {alt})")
     return out
 
 

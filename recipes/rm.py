@@ -107,6 +107,7 @@ def setup(cfg) -> Run:
     path = model_dir(cfg.model)
     tokenizer = load_tokenizer(path)
     tokenizer.padding_side = cfg.train.padding_side
+    PD.force_chat_template(tokenizer, cfg.data)
     data = _setup_data(cfg, tokenizer, train_rows, eval_rows, stats)
     plan = prepared.plan.for_rows(len(data.train_pairs))  # again: length filters may have dropped pairs
     if distributed.is_main():

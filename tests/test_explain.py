@@ -86,3 +86,37 @@ def test_hub_rows_are_the_published_count_unless_asked(monkeypatch):
     proc = explain("recipe=open_r1_grpo_math_7b", "--count-rows")
     assert proc.returncode == 0 and calls
     assert "data.hub_name=DigitalLearningGmbH/MATH-lighteval: the dataset could not be read" in proc.stdout
+
+
+def test_a_reward_model_recipe_is_explained_from_its_plan():
+    """Open-Instruct's RM (issue 28: explain refused loop=rm): 8 GPUs x 1 pair x 32 accumulated = 256 pairs; its
+    release filter keeps long pairs whole, so max_len bounds no step; the hub pairs are not counted offline."""
+    out = explain("recipe=open_instruct_rm_8b").stdout
+    assert "GPUs: 8 learner GPU(s) on 1 node(s) x 8; a reward model: no rollout" in out
+    assert "one optimiser step: train.batch_size 256 pairs = 512 sequences" in out
+    assert "per learner: 32 pairs = train.micro_batch_size 1 x 32 accumulated (256 / (1 x 8 learners))" in out
+    assert "tokens per step: not bounded by train.max_len: data.length_filter_bug keeps a pair whole when its " \
+           "prompt is within data.max_prompt_tokens 2048" in out
+    assert "data: training pairs not counted here -> 1 epoch(s) x (pairs // 256) optimiser steps" in out
+    out = explain("recipe=openrlhf_rm_llama3_8b_4090_8192_zero3").stdout
+    assert "per learner: 21 pairs = train.micro_batch_size 1 x 21 accumulated (126 / (1 x 6 learners))" in out
+    assert "tokens per step: at most 252 sequences x train.max_len 8192 = 2064384 (longer pairs are cut" in out
+
+
+def test_a_reward_model_recipe_counts_its_pairs_and_tokens_where_they_are_here():
+    """tiny_rm's generated pairs: 4000 - 400 held out = 3600 -> 112 steps of 32 a epoch, 3 epochs; every pair is
+    'copy dddd: dddd' plus its rejected twin, so the measured tokens are exact."""
+    out = explain("recipe=tiny_rm").stdout
+    assert "data: 3600 training pairs after the filters -> 112 optimiser steps per epoch" in out
+    assert "run: 336 optimiser steps = train.epochs 3 x 112; schedule cosine over 336, warmup 17" in out
+    assert "measured: 30.0 tokens per pair (chosen + rejected) -> about 960 real tokens per step" in out
+    assert "tokens per step: at most 64 sequences x train.max_len 64 = 4096" in out
+
+
+def test_each_open_r1_recipe_states_its_run_and_the_release_whose_defaults_apply():
+    out = explain("recipe=open_r1_grpo_code_1_5b").stdout
+    assert "reproduces: README.md's config_demo_code command" in out
+    assert "defaults: TRL v0.18.0 (setup.py trl[vllm]==0.18.0 @1416fa0) (source.defaults=pinned; " \
+           "source.defaults=written: TRL v0.16.0 23a635e (setup.py trl==0.16.0 @ca8664d))" in out
+    out = explain("recipe=open_r1_grpo_code_1_5b", "source.defaults=written").stdout
+    assert "defaults: TRL v0.16.0 23a635e (setup.py trl==0.16.0 @ca8664d) (source.defaults=written" in out

@@ -41,6 +41,7 @@ SELECTED_BY = {
     "core.rollout.texts:REWARD_TEXTS": ["verifier.text"],
     "recipes:LOOPS": ["loop"],
     "recipes.eval:POLICIES": ["rollout.engine"],
+    "recipes.explain:EXPLANATIONS": ["loop"],
     "recipes.probe:PHASES": ["loop"],
     "verifiers:GOLDS": ["sets.*.gold"],
     "verifiers:VERIFIERS": ["verifier.name", "verifier.eval_name", "verifier.kwargs.terms.*.name",
@@ -56,7 +57,7 @@ COMMAND_LINE_ONLY = {
                                             "token_truncate"},
     # TRL dapo / OpenRLHF >= 0.10.4, and veRL's or OpenRLHF's GSPO (docs/algorithms.md table); tests/core/test_loss.py
     "core.algorithms.loss:AGGREGATIONS": {"seq_mean_token_mean_nonempty", "token_mean_global"},
-    # the OpenRLHF recipes train reward models, which recipes.explain does not explain; tests/test_explain.py
+    # the OpenRLHF recipes train reward models, whose lines name no source's flags; tests/test_explain.py
     "core.reporting.source_views:SOURCE_VIEWS": {"openrlhf"},
     # docs/verifiers.md; tests/verifiers/test_cpp.py, test_code.py, test_gsm8k_compose.py, test_format.py
     "verifiers:VERIFIERS": {"code_cpp", "code_mbpp_fraction", "cosine", "gsm8k_numeric", "reasoning_steps",
@@ -124,7 +125,7 @@ def yaml_values() -> list[tuple[str, object]]:
 
 def test_every_registry_is_found_and_picked_by_a_config_key():
     found = registries()
-    assert len(found) == 24 and sum(len(r.names()) for r in found.values()) == 93
+    assert len(found) == 25 and sum(len(r.names()) for r in found.values()) == 96
     assert sorted(found) == sorted(SELECTED_BY)
     bound = schema_bindings()
     assert len(bound) == 16 and sum(len(f) for f in bound.values()) == 23
@@ -144,7 +145,7 @@ def test_every_entry_is_named_by_a_config_value_or_is_a_command_line_option():
         if missing:
             unreached[reg] = missing
     assert unreached == COMMAND_LINE_ONLY
-    assert reached == 77 and sum(map(len, COMMAND_LINE_ONLY.values())) == 16
+    assert reached == 80 and sum(map(len, COMMAND_LINE_ONLY.values())) == 16
 
 
 def test_every_entry_resolves_to_a_callable():
@@ -153,7 +154,7 @@ def test_every_entry_resolves_to_a_callable():
         for name in registry.names():
             assert callable(registry.get(name)), f"{reg} {name}"
             count += 1
-    assert count == 93
+    assert count == 96
 
 
 LAZY = """

@@ -38,3 +38,43 @@ def test_every_recipe_validates_at_tiny_scale_on_this_machine(name, monkeypatch)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     cfg = prepare(compose([f"recipe={name}", "scale=tiny"]), world=1).config
     assert cfg.layout.mode == "colocate" and cfg.rollout.engine == "hf" and cfg.model.name_or_path is None
+
+
+# Open-R1: the values each YAML left unset under the TRL release its setup.py pinned when it was written
+# (grpo_config.py at v0.16.0 23a635e, d625c55, 1bca495, 9ac614fb: temperature 0.9, top_k 50; no generation-batch
+# shuffle before 9ac614fb), against TRL v0.18.0's (1.0, None, shuffled).
+WRITTEN = {"open_r1_grpo_1_5b": (0.9, 50, False), "open_r1_grpo_distill_1_5b": (0.7, 50, False),
+           "open_r1_grpo_code_1_5b": (1.0, 50, False), "open_r1_grpo_codeforces_7b": (0.7, 50, False),
+           "open_r1_grpo_math_7b": (0.9, 50, True)}
+PINNED = {"open_r1_grpo_1_5b": (1.0, 0, True), "open_r1_grpo_distill_1_5b": (0.7, 0, True),
+          "open_r1_grpo_code_1_5b": (1.0, 0, True), "open_r1_grpo_codeforces_7b": (0.7, 0, True),
+          "open_r1_grpo_math_7b": (0.9, 50, True)}
+
+
+def _sampling(cfg) -> tuple:
+    return cfg.rollout.temperature, cfg.rollout.top_k, cfg.train.shuffle_mini_batches
+
+
+@pytest.mark.parametrize("name", sorted(WRITTEN))
+def test_open_r1_recipes_state_their_run_and_release_and_switch_to_the_written_defaults(name):
+    assert sorted(n for n in NAMED if n.startswith("open_r1_")) == sorted(WRITTEN)  # every Open-R1 recipe
+    pinned = prepare([f"recipe={name}"], launched=True, packages=False).config
+    assert pinned.source.run and "TRL" in pinned.source.release and "TRL" in pinned.source.written_release
+    assert _sampling(pinned) == PINNED[name]
+    written = prepare([f"recipe={name}", "source.defaults=written"], launched=True, packages=False).config
+    assert _sampling(written) == WRITTEN[name]
+    assert written.source.written_release != written.source.release or name == "open_r1_grpo_math_7b"
+
+
+def test_written_defaults_leave_command_line_keys_and_refuse_a_bad_entry():
+    from core.config.release import with_source_defaults
+    from core.config.validate import ConfigError
+
+    cfg = with_source_defaults(compose(["recipe=open_r1_grpo_1_5b", "source.defaults=written", "rollout.top_k=7"]),
+                               keep=("rollout.top_k",))
+    assert (cfg.rollout.top_k, cfg.rollout.temperature) == (7, 0.9)  # the typed key stays, the others are written's
+    for entry in ("nope.key=1", "rollout.top_k"):
+        bad = compose(["recipe=open_r1_grpo_1_5b", "source.defaults=written"])
+        bad.source.written_overrides = [entry]
+        with pytest.raises(ConfigError, match=f"source.written_overrides entry '{entry}': expected key=value"):
+            with_source_defaults(bad)

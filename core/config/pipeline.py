@@ -6,7 +6,8 @@ through the same steps (core/evaluation/checks.py ``prepare_eval``).
 
 1. compose: conf/config.yaml with the overrides, as the CLI composes it (Hydra's own config set for this process,
    so ``${hydra:...}`` resolves and the command-line keys are known), or a config composed already;
-2. scale: ``scale`` applied (core/config/scale.py), the keys set on the command line kept as given; a resume of a
+2. scale: ``source.defaults=written`` applied first (core/config/release.py), then ``scale`` (core/config/scale.py),
+   the keys set on the command line kept as given by both; a resume of a
    run dir that holds ``config.yaml`` takes that config instead, but for the keys typed now
    (core/config/resume.py ``saved_base``);
 3. check: every problem of the config, raised together as one ConfigError (core/config/validate.py ``problems``);
@@ -31,6 +32,7 @@ from core.config.frozen import FrozenConfig, freeze
 from core.config.layout import world_size
 from core.config.plan import PLANS
 from core.config.resume import hydra_run_dir, saved_base
+from core.config.release import with_source_defaults
 from core.config.scale import apply_scale, command_line_keys
 from core.config.validate import problems, refuse
 
@@ -64,6 +66,7 @@ def prepare(source: Sequence[str] | DictConfig | Prepared, *, world: int | None 
     world = world_size() if world is None else world
     cfg = composed(source)
     typed = command_line_keys()  # after composing: composing sets Hydra's config, where the command line is
+    cfg = with_source_defaults(cfg, typed)  # source.defaults=written: the file's own release's (core/config/release.py)
     cfg = saved_base(apply_scale(cfg, typed, world), typed, hydra_run_dir())
     refuse(problems(cfg, cfg.layout.learner_gpus if launched else world, packages))
     return finished(cfg, PLANS.get(cfg.loop)(cfg))

@@ -77,6 +77,13 @@ class SourceConfig:
 
     name: str = ck("none", registered("core.reporting.source_views", "SOURCE_VIEWS"))
     ref: str = ""  # repository, file and commit
+    run: str = ""  # the published run (or command) the recipe reproduces, and what was published of it
+    release: str = ""  # the framework release whose defaults fill what the source's file leaves unset
+    # pinned: ``release``'s defaults | written: those of ``written_release``, the release pinned when the file was
+    # written, as ``written_overrides`` ("key=value", applied before the scale; core/config/release.py)
+    defaults: str = ck("pinned", one_of("pinned", "written"))
+    written_release: str = ""
+    written_overrides: List[str] = field(default_factory=list)
     flags: Dict[str, Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
 

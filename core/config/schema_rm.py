@@ -34,12 +34,15 @@ class PairDataConfig:
     rejected_key: str = MISSING
     margin_key: Optional[str] = MISSING
     apply_chat_template: bool = MISSING
+    chat_template_override: Optional[str] = MISSING  # set on the tokenizer in place of its own (Open-Instruct tulu)
     append_eos: bool = MISSING
     eos_separator: str = MISSING
     add_bos: bool = MISSING
     force_eos: bool = MISSING
     too_long: str = ck(MISSING, one_of("drop", "truncate"))
-    bad_rows: str = ck(MISSING, one_of("drop", "error"))
+    max_prompt_tokens: Optional[int] = ck(MISSING, OPT_POS)
+    length_filter_bug: bool = MISSING  # Open-Instruct release: only the prompt's length is checked
+    bad_rows: str = ck(MISSING, one_of("drop", "error", "keep"))
     generator: Optional[Dict[str, Any]] = None
     tiny: Optional[Dict[str, Any]] = None
 
@@ -56,6 +59,7 @@ class LoraConfig:
     alpha: float = ck(MISSING, above(0))
     dropout: float = ck(MISSING, between(0, 1, hi_open=True))
     target_modules: Any = MISSING
+    task_type: Optional[str] = ck(MISSING, one_of("SEQ_CLS", None))  # peft task type; null: OpenRLHF's, head adapted
 
 
 @dataclass

@@ -319,6 +319,19 @@ def rm_batch_problems(t, world: int) -> list[str]:
 LOOP_CHECKS: Registry = Registry("loop checks")
 
 
+@LOOP_CHECKS.register("rm")
+def rm_problems(cfg, packages: bool = True) -> list[str]:
+    """The pair length filters: a prompt limit and Open-Instruct's release filter decide which pairs to drop, so they
+    need ``data.too_long=drop`` (truncation keeps every pair; core/data/preferences.py ``too_long``)."""
+    d = cfg.data
+    if d.too_long == "drop":
+        return []
+    return [f"data.{k}={d[k]} with data.too_long=truncate: it drops pairs, which truncation never does; set "
+            f"data.too_long=drop or data.{k}={null}" for k, null in (("max_prompt_tokens", "null"),
+                                                                     ("length_filter_bug", "false"))
+            if d[k] not in (None, False)]
+
+
 @LOOP_CHECKS.register("rl")
 def rl_problems(cfg, packages: bool = True) -> list[str]:
     """How the RL run ends, the estimator's options and group size, the KL, loss and placement settings, the

@@ -3,8 +3,9 @@
 Every source yields rows with a ``chosen`` and a ``rejected`` column (strings, or chat message lists
 that go through the tokenizer's chat template) and optionally a ``margin``. Rows are checked here,
 on text only, before any model is built: a missing column, an empty text or the same text on both
-sides drops the row with a count (``data.bad_rows: drop``, the default) or stops the run with the
-row index (``error``). Length limits need the tokenizer and live in :func:`tokenize_pairs`.
+sides drops the row with a count (``data.bad_rows: drop``, the default), stops the run with the
+row index (``error``), or is counted and kept (``keep``: what Open-Instruct and OpenRLHF do).
+Length limits need the tokenizer and live in :func:`tokenize_pairs`.
 """
 from __future__ import annotations
 
@@ -124,21 +125,21 @@ def check_rows(rows: list[dict], cfg, split: str) -> tuple[list[dict], PairStats
     st, out = PairStats(), []
     for i, r in enumerate(rows):
         why = _bad_reason(r, ck, rk, mk)
-        if why is None:
+        if why is not None:
+            setattr(st, why, getattr(st, why) + 1)
+            if len(st.first_bad) < 5:
+                st.first_bad.append(i)
+            if cfg.bad_rows == "error" or (cfg.bad_rows == "keep" and why == "missing_column"):
+                raise DataError(f"data: {split} row {i} is not a usable pair ({why.replace('_', ' ')}); "
+                                f"data.bad_rows={cfg.bad_rows}; set data.bad_rows=drop to skip such rows")
+        if why is None or cfg.bad_rows == "keep":  # keep: the sources train every row that has both columns
             out.append({"chosen": r[ck], "rejected": r[rk], "margin": float(r[mk]) if mk else 0.0})
-            continue
-        setattr(st, why, getattr(st, why) + 1)
-        if len(st.first_bad) < 5:
-            st.first_bad.append(i)
-        if cfg.bad_rows == "error":
-            raise DataError(f"data: {split} row {i} is not a usable pair ({why.replace('_', ' ')}); "
-                            "set data.bad_rows=drop to skip such rows")
     st.kept = len(out)
-    dropped = len(rows) - len(out)
-    if dropped:
-        log.warning("data: dropped %d of %d %s rows (missing column %d, empty %d, chosen == rejected %d); "
-                    "first row indices %s", dropped, len(rows), split, st.missing_column, st.empty,
-                    st.identical, st.first_bad)
+    bad = st.empty + st.identical + st.missing_column
+    if bad:
+        log.warning("data: %s %d of %d %s rows (missing column %d, empty %d, chosen == rejected %d); "
+                    "first row indices %s", "kept" if cfg.bad_rows == "keep" else "dropped", bad, len(rows), split,
+                    st.missing_column, st.empty, st.identical, st.first_bad)
     if rows and not out:
         raise DataError(f"data: none of the {len(rows)} {split} rows is a usable pair (see the counts above)")
     return out, st
@@ -163,6 +164,13 @@ def _text_of(x) -> str:
     return ""
 
 
+def force_chat_template(tokenizer, cfg) -> None:
+    """``data.chat_template_override`` set on the tokenizer over the checkpoint's own, as Open-Instruct's
+    ``reward_modeling.py:244`` does with ``--chat_template`` (@3dd7a07d); the saved model's tokenizer keeps it."""
+    if cfg.chat_template_override:
+        tokenizer.chat_template = cfg.chat_template_override
+
+
 def tokenize_text(x, tokenizer, cfg) -> list[int]:
     """Token ids of one side: chat messages rendered by the tokenizer's chat template, then (when
     ``data.append_eos``) trailing newlines stripped and EOS appended if missing, as OpenRLHF does."""
@@ -182,11 +190,14 @@ def tokenize_text(x, tokenizer, cfg) -> list[int]:
 
 def tokenize_pairs(pairs: list[dict], tokenizer, cfg, max_len: int, stats: PairStats) -> list[dict]:
     """Token ids of each pair, long pairs dropped (Open-Instruct) or truncated with EOS forced at the
-    last position (OpenRLHF), per ``data.too_long``; counts go into ``stats``."""
+    last position (OpenRLHF), per ``data.too_long`` and :func:`too_long`; counts go into ``stats``."""
     out = []
-    for p in pairs:
+    for i, p in enumerate(pairs):
         c, r = tokenize_text(p["chosen"], tokenizer, cfg), tokenize_text(p["rejected"], tokenizer, cfg)
-        if max(len(c), len(r)) > max_len:
+        if not c or not r:  # an empty string kept by data.bad_rows=keep: no token to read a reward at
+            raise DataError(f"data: pair {i} has a side with no token (data.bad_rows={cfg.bad_rows}); set "
+                            "data.append_eos=true or data.bad_rows=drop")
+        if too_long(p, c, r, tokenizer, cfg, max_len):
             if cfg.too_long == "drop":
                 stats.too_long_dropped += 1
                 continue
@@ -198,3 +209,27 @@ def tokenize_pairs(pairs: list[dict], tokenizer, cfg, max_len: int, stats: PairS
         out.append({"chosen": c, "rejected": r, "margin": p["margin"]})
     stats.kept = len(out)
     return out
+
+
+def too_long(pair: dict, chosen: list[int], rejected: list[int], tokenizer, cfg, max_len: int) -> bool:
+    """Whether a pair is over its limits: a side over ``max_len`` or its prompt over ``data.max_prompt_tokens``.
+    With ``data.length_filter_bug``, Open-Instruct's release filter (dataset_processor.py:322-336 @3dd7a07d)::
+
+        prompt <= max_prompt if max_prompt is not None else (chosen <= max_len if max_len is not None else ...)
+
+    the first limit that is set decides alone: the prompt's when there is one, else the chosen side's."""
+    limit = cfg.max_prompt_tokens
+    long_prompt = limit is not None and prompt_length(pair, chosen, rejected, tokenizer) > limit
+    if cfg.length_filter_bug:
+        return long_prompt if limit is not None else len(chosen) > max_len
+    return long_prompt or max(len(chosen), len(rejected)) > max_len
+
+
+def prompt_length(pair: dict, chosen: list[int], rejected: list[int], tokenizer) -> int:
+    """Prompt tokens of a pair: chat messages as Open-Instruct's ``tokenize_fn`` counts them (every chosen turn but
+    the last, through the chat template with the generation prefix); strings, which hold no separate prompt, the
+    token prefix both sides share."""
+    if isinstance(pair["chosen"], list):
+        text = tokenizer.apply_chat_template(pair["chosen"][:-1], tokenize=False, add_generation_prompt=True)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return next((k for k, (a, b) in enumerate(zip(chosen, rejected)) if a != b), min(len(chosen), len(rejected)))

@@ -96,8 +96,9 @@ def model_skeleton(model_cfg, path: str | None = None):
 def check_lora_targets(lora_cfg, skeleton) -> list[str]:
     """Names of the modules ``lora.target_modules`` matches; a clear error when it matches none."""
     targets = lora_cfg.target_modules
-    if targets == "all-linear":
-        hits = [n for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear) and not n.endswith("score")]
+    if targets == "all-linear":  # peft spares the head only for task SEQ_CLS (apply_lora)
+        hits = [n for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)
+                and not (n.endswith("score") and lora_cfg.task_type == "SEQ_CLS")]
     else:
         names = [targets] if isinstance(targets, str) else list(targets)
         hits = [n for n, _ in skeleton.named_modules() if any(n == t or n.endswith("." + t) for t in names)]
@@ -109,11 +110,15 @@ def check_lora_targets(lora_cfg, skeleton) -> list[str]:
 
 
 def apply_lora(model, lora_cfg):
-    """Wrap ``model`` with peft LoRA (task SEQ_CLS: the ``score`` head stays fully trainable)."""
-    from peft import LoraConfig, TaskType, get_peft_model
+    """Wrap ``model`` with peft LoRA. ``lora.task_type`` SEQ_CLS: the ``score`` head is one of peft's
+    ``modules_to_save`` and trains in full. None, as OpenRLHF builds it (openrlhf/models/model.py:111-120 @06ab51e,
+    ``LoraConfig`` without a task type; the same at v0.3.7): ``all-linear`` then matches the head too (peft excludes it
+    only for SEQ_CLS, ``_maybe_include_all_linear_layers``), so the head gets a rank-r adapter and its randomly
+    initialised base weight stays frozen."""
+    from peft import LoraConfig, get_peft_model
 
     targets = lora_cfg.target_modules
-    config = LoraConfig(task_type=TaskType.SEQ_CLS, r=lora_cfg.rank, lora_alpha=int(lora_cfg.alpha),
+    config = LoraConfig(task_type=lora_cfg.task_type, r=lora_cfg.rank, lora_alpha=int(lora_cfg.alpha),
                         lora_dropout=lora_cfg.dropout, bias="none",
                         target_modules=targets if isinstance(targets, str) else list(targets))
     return get_peft_model(model, config)

@@ -27,7 +27,7 @@ def one_process(monkeypatch):
 
 
 def test_every_recipe_is_discovered():
-    assert len(RECIPES) == 16 and len(CASES) == 32 and {"tiny_math_grpo", "tiny_rm", "simplerl_zoo_7b"} <= set(RECIPES)
+    assert len(RECIPES) == 17 and len(CASES) == 34 and {"tiny_math_grpo", "tiny_rm", "simplerl_zoo_7b"} <= set(RECIPES)
 
 
 @pytest.mark.parametrize("recipe,scale", CASES, ids=[f"{r}-{s}" for r, s in CASES])
@@ -143,11 +143,12 @@ def test_rows_decide_the_steps_of_an_epochs_recipe_and_must_fill_a_step():
 
 
 def test_a_reward_model_plan_takes_its_steps_from_the_pairs():
-    """OpenRLHF's Llama-3 8B RM: train_batch_size 256 of micro 1, max_epochs 1: len(pairs) // 256 steps."""
+    """OpenRLHF's Llama-3 8B RM: train_batch_size 256 of micro 1 on its 8 GPUs (32 accumulated), max_epochs 1:
+    len(pairs) // 256 steps."""
     from core.data.prompts import DataError
 
     plan = prepare(["recipe=openrlhf_rm_llama3_8b"], launched=True, packages=False).plan
-    assert (plan.batch_size, plan.micro_batch_size, plan.grad_accum, plan.total_steps) == (256, 1, 256, None)
+    assert (plan.batch_size, plan.micro_batch_size, plan.grad_accum, plan.total_steps) == (256, 1, 32, None)
     assert plan.for_rows(1000).total_steps == 3 and [m.role for m in plan.models] == ["reward_model"]
     with pytest.raises(DataError, match="255 usable training pairs make no optimiser step"):
         plan.for_rows(255)

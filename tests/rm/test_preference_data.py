@@ -30,6 +30,14 @@ def test_bad_rows_are_dropped_and_counted():
     assert st.first_bad == [1, 2, 3, 4]
 
 
+def test_bad_rows_keep_trains_every_row_with_both_columns_and_counts_them():
+    kept, st = PD.check_rows([r for r in ROWS if "rejected" in r], _data_cfg(bad_rows="keep"), "train")
+    assert [r["rejected"] for r in kept] == ["bad", "y", "same", "z", "worse"]
+    assert (st.kept, st.empty, st.identical) == (5, 2, 1)
+    with pytest.raises(DataError, match="train row 1 .*missing column.*bad_rows=keep"):
+        PD.check_rows(ROWS, _data_cfg(bad_rows="keep"), "train")
+
+
 def test_bad_rows_error_names_the_row():
     with pytest.raises(DataError, match="train row 1 .*missing column"):
         PD.check_rows(ROWS, _data_cfg(bad_rows="error"), "train")
@@ -100,3 +108,69 @@ def test_bad_input_stops_before_any_model_is_built(monkeypatch, override, error)
     monkeypatch.setattr(rm.RM, "load_reward_model", no_model)
     with pytest.raises((DataError, ValueError), match=error):
         rm.setup(compose(["recipe=tiny_rm", "recipe_name=tiny_rm", *override]))  # the name a run's Hydra gives
+
+
+def _chat(prompt: str, answer: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+
+
+@pytest.fixture()
+def tulu(tok):
+    """The char tokenizer with the Open-Instruct recipe's template forced on it (a copy: ``tok`` is shared)."""
+    import copy
+
+    t = copy.deepcopy(tok)
+    PD.force_chat_template(t, compose(["recipe=open_instruct_rm_8b"]).data)
+    return t
+
+
+@pytest.mark.parametrize("bug", [True, False])
+def test_release_length_filter_checks_only_the_first_limit_set(tulu, bug):
+    """dataset_processor.py @3dd7a07d: with max_prompt_tokens set only the prompt is held to a limit (a long pair with
+    a short prompt trains at full length); without it only the chosen side (a long rejected side passes)."""
+    cfg = _data_cfg(length_filter_bug=bug, max_prompt_tokens=30)
+    pairs = [{"chosen": _chat("q", "a" * 40), "rejected": _chat("q", "b"), "margin": 0.0},  # a 25-token prompt
+             {"chosen": _chat("q" * 20, "a"), "rejected": _chat("q" * 20, "b"), "margin": 0.0}]  # a 44-token one
+    st = PD.PairStats()
+    out = PD.tokenize_pairs(pairs, tulu, cfg, 30, st)
+    assert len(out) == (1 if bug else 0) and st.too_long_dropped == 2 - len(out)
+    if bug:  # not truncated either: the source pads whatever its filter keeps
+        assert len(out[0]["chosen"]) > 30 and st.truncated == 0
+    no_prompt_limit = _data_cfg(length_filter_bug=bug, max_prompt_tokens=None)
+    long_rejected = [{"chosen": "ab", "rejected": "c" * 40, "margin": 0.0}]
+    assert len(PD.tokenize_pairs(long_rejected, tulu, no_prompt_limit, 30, PD.PairStats())) == int(bug)
+
+
+def test_prompt_length_is_the_chat_prompt_with_its_generation_prefix_or_the_shared_string_prefix(tulu):
+    pair = {"chosen": _chat("hi", "yes"), "rejected": _chat("hi", "no")}
+    ids = tulu(tulu.apply_chat_template(pair["chosen"], tokenize=False), add_special_tokens=False)["input_ids"]
+    assert PD.prompt_length(pair, ids, ids, tulu) == len("<|user|>\nhi\n<|assistant|>\n")  # one token a character
+    assert PD.prompt_length({"chosen": "Q: x A: y"}, [1, 2, 3, 4], [1, 2, 5], tulu) == 2
+
+
+def test_tulu_template_is_forced_on_the_tokenizer_as_the_source_does(tok):
+    import copy
+
+    tok = copy.deepcopy(tok)
+    """reward_modeling.py:244 @3dd7a07d: tokenizer.chat_template = CHAT_TEMPLATES["tulu"], the string the RLVR data
+    quotes too."""
+    cfg = compose(["recipe=open_instruct_rm_8b"]).data
+    assert cfg.chat_template_override == compose(["recipe=open_instruct_rlvr_8b"]).data.chat_template_override
+    tok.chat_template = "{{ 'not tulu' }}"
+    PD.force_chat_template(tok, cfg)
+    msgs = [{"role": "system", "content": "s"}, *_chat("q", "a"), *_chat("q2", "a2")]
+    text = tok.apply_chat_template(msgs, tokenize=False)
+    eos = tok.eos_token
+    assert text == f"<|system|>\ns\n<|user|>\nq\n<|assistant|>\na{eos}\n<|user|>\nq2\n<|assistant|>\na2{eos}"
+    PD.force_chat_template(tok, _data_cfg())  # null: the checkpoint's own stays
+    assert tok.chat_template == cfg.chat_template_override
+
+
+@pytest.mark.parametrize("key,value", [("length_filter_bug", "true"), ("max_prompt_tokens", "64")])
+def test_length_filters_that_drop_need_too_long_drop(key, value):
+    from core.config.validate import problems
+
+    cfg = compose(["recipe=openrlhf_rm_llama3_8b", f"data.{key}={value}"])
+    found = [p for p in problems(cfg, 8, packages=False) if p.startswith(f"data.{key}=")]
+    assert found and "with data.too_long=truncate" in found[0], found
+    assert not problems(compose(["recipe=open_instruct_rm_8b"]), 8, packages=False)  # drop: both allowed

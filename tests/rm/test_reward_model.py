@@ -53,8 +53,8 @@ def test_fresh_head_is_initialised_with_the_source_std(tiny_llama_dir, model_cfg
     assert sum(stds) / len(stds) == pytest.approx(std, rel=0.15)
 
 
-def _lora_cfg(targets="all-linear"):
-    return schema.node(schema.LoraConfig, rank=4, alpha=8, dropout=0.0, target_modules=targets)
+def _lora_cfg(targets="all-linear", task_type="SEQ_CLS"):
+    return schema.node(schema.LoraConfig, rank=4, alpha=8, dropout=0.0, target_modules=targets, task_type=task_type)
 
 
 def test_lora_gradients_reach_only_lora_and_the_head(tiny_llama_dir, model_cfg):
@@ -68,6 +68,27 @@ def test_lora_gradients_reach_only_lora_and_the_head(tiny_llama_dir, model_cfg):
     with_grad = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     assert with_grad and all("lora_" in n or "score" in n for n in with_grad)
     assert any("lora_B" in n for n in with_grad) and any("score" in n for n in with_grad)
+
+
+def test_lora_without_task_type_adapts_the_head_and_freezes_its_random_base_weight(tiny_llama_dir, model_cfg):
+    """OpenRLHF's LoraConfig has no task type: all-linear wraps ``score`` too; its base weight keeps the fresh
+    N(0, 1/(h+1)) init, frozen, and only the head's adapter learns (openrlhf/models/model.py @06ab51e)."""
+    torch.manual_seed(0)
+    base = RM.load_reward_model(tiny_llama_dir, model_cfg, "inv_hidden", 0)
+    init = base.score.weight.detach().clone()  # [1, H]
+    model = RM.apply_lora(base, _lora_cfg(task_type=None))
+    params = dict(model.named_parameters())
+    head = {n: p for n, p in params.items() if ".score." in n}
+    assert {n.split(".score.")[1] for n, p in head.items() if p.requires_grad} == {"lora_A.default.weight",
+                                                                                 "lora_B.default.weight"}
+    frozen = next(p for n, p in head.items() if n.endswith("score.base_layer.weight"))
+    assert not frozen.requires_grad and torch.equal(frozen, init)
+    r = RM.sequence_rewards(model, RM.pair_batch(PAIRS, 0, "right"))
+    RM.bt_loss(r, torch.zeros(2), schema.node(schema.RMLossConfig))[0].backward()
+    assert frozen.grad is None and head[next(n for n in head if "score.lora_A" in n)].grad is not None
+    skeleton = RM.model_skeleton(model_cfg)
+    assert "score" in RM.check_lora_targets(_lora_cfg(task_type=None), skeleton)
+    assert "score" not in RM.check_lora_targets(_lora_cfg(), skeleton)  # SEQ_CLS: peft spares the head
 
 
 def test_lora_target_that_matches_nothing_is_a_clear_error(model_cfg):
