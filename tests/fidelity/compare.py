@@ -1,0 +1,73 @@
+"""Compare our recorded RL steps with a source framework's (``ours.pt`` and ``<source>.pt``, tests/fidelity/ours_rl.py)
+and state the largest difference of each quantity, with the tolerance it is held to (docs/fidelity.md).
+
+Tolerances are fp32 rounding of the same computation done in another order (another transformers release's
+attention and MLP code, another reduction order): per-token log-probs and advantages of magnitude up to ~10 agree to
+1e-5 absolute; the loss, a mean of those, to 1e-5; the gradient norm to 1e-4 relative; the weights after a step to 4 units in the last place (ulp) of each weight:
+``w + update`` rounds to a neighbouring float when the updates differ in their last bits. (AdamW divides by the
+square root of the second moment, so an element whose gradient were rounding noise on both sides could move by up to
+lr either way and fail this bound: that would show, not hide.)
+"""
+from __future__ import annotations
+
+import torch
+
+TOL = {"prompt_ids": 0.0, "completion_mask": 0.0, "advantages": 1e-5, "logprobs": 1e-5, "loss": 1e-5,
+       "grad_norm": 1e-4, "lr": 1e-12, "weights": 4.0}
+
+
+def _max(x: torch.Tensor) -> float:
+    return float(x.abs().max()) if x.numel() else 0.0
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest difference in units of the last place of the larger magnitude (fp32: eps x |w|)."""
+    scale = torch.finfo(torch.float32).eps * torch.maximum(a.abs(), b.abs()).clamp(min=torch.finfo(torch.float32).tiny)
+    return _max((a - b) / scale)
+
+
+def step_diffs(ours: dict, theirs: dict, start: dict) -> dict[str, float]:
+    """Largest difference per quantity for one RL step; ``start`` is the policy before it (for the update's size)."""
+    P, mask = ours["prompt_length"], ours["mask"].bool()  # [N, R]
+    prompt = ours["input_ids"][:, :P] * ours["attention_mask"][:, :P]  # [N, P] padding zeroed on both
+    their_prompt = theirs["prompt_ids"] * (theirs["prompt_ids"] != theirs.get("pad_id", -1))
+    R = min(mask.shape[1], theirs["completion_mask"].shape[1])
+    out = {
+        "prompt_ids": float((prompt != their_prompt.to(prompt.dtype)).sum()) if prompt.shape == their_prompt.shape
+        else float("inf"),
+        "completion_mask": float((mask[:, :R].long() != theirs["completion_mask"][:, :R].long()).sum()),
+        "advantages": _max((ours["advantages"] - theirs["advantages"][:, None])[mask]),
+        "grad_norm": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["grad_norm"], theirs["grad_norm"])),
+        "lr": max(abs(a - b) for a, b in zip(ours["lr"], theirs["lr"])),
+    }
+    lp, loss = [], []
+    for a, b in zip(ours["micro"], theirs["micro"], strict=True):
+        m = mask[a["rows"]][:, :b["logprobs"].shape[1]]  # [n, R]
+        lp.append(_max((a["logprobs"][:, :m.shape[1]] - b["logprobs"])[m]))
+        loss.append(abs(a["loss"] - b["loss"]))
+    out.update(logprobs=max(lp), loss=max(loss))
+    update = max(_max(ours["weights"][k] - start[k]) for k in start)
+    out["weights"] = max(_ulps(ours["weights"][k], theirs["weights"][k]) for k in start)
+    out["update"] = update  # the step's largest weight change: a zero one would make the check vacuous
+    return out
+
+
+def diffs(ours: list[dict], theirs: list[dict], init: dict) -> list[dict[str, float]]:
+    """:func:`step_diffs` of every recorded step (their counts must agree)."""
+    if len(ours) != len(theirs):
+        raise AssertionError(f"{len(ours)} steps recorded on our side, {len(theirs)} on the source's")
+    starts = [init] + [s["weights"] for s in ours[:-1]]
+    return [step_diffs(a, b, s) for a, b, s in zip(ours, theirs, starts)]
+
+
+def failures(per_step: list[dict[str, float]]) -> list[str]:
+    """Each quantity of each step beyond its tolerance, as a line."""
+    return [f"step {i + 1}: {k} differs by {v:.3g} (tolerance {TOL[k]:g})"
+            for i, d in enumerate(per_step) for k, v in d.items() if k in TOL and not v <= TOL[k]]
+
+
+def vacuous(per_step: list[dict[str, float]], ours: list[dict]) -> list[str]:
+    """Why a comparison could pass without testing anything: no weight moved, no gradient, no advantage."""
+    out = [] if max(d["update"] for d in per_step) > 0 else ["no step changed the weights"]
+    out += [] if max(max(s["grad_norm"]) for s in ours) > 0 else ["every gradient norm is 0"]
+    return out + ([] if any(float(s["advantages"].abs().max()) > 0 for s in ours) else ["every advantage is 0"])

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Build one virtual environment per source framework release, for the fidelity checks (docs/fidelity.md).
+#   tests/fidelity/envs.sh [trl|verl|openrlhf|all] ...     (default: all)
+# Each env lives in $FIDELITY_ENVS/<name> (default /tmp/rlr-fidelity-envs; never the project's .venv) and is
+# built once: a complete env carries a .ok stamp, a half-built one is removed and rebuilt.
+# torch is the CPU wheel every env shares (torch==2.13.0, the project's TORCH_SPEC); the sources pinned older
+# torch builds for CUDA (Open-R1 torch 2.6.0, SimpleRL-Zoo torch 2.4.0), which the step code does not depend on.
+set -euo pipefail
+PY=${PY:-python3}
+ROOT=${FIDELITY_ENVS:-/tmp/rlr-fidelity-envs}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+mkdir -p "$ROOT"
+
+fresh() {  # fresh NAME: a new venv with pip and torch; prints its python
+  local dir="$ROOT/$1"
+  rm -rf "$dir"
+  "$PY" -m venv "$dir"
+  "$dir/bin/pip" install --quiet --upgrade pip >&2
+  "$dir/bin/pip" install --quiet "$TORCH_SPEC" >&2
+  echo "$dir/bin/python"
+}
+
+# TRL 0.18.0, Open-R1's pin (open-r1 setup.py @1416fa0: trl[vllm]==0.18.0, transformers==4.52.3,
+# accelerate==1.4.0). TRL and its dependencies are pure Python: the whole package installs; only its vllm
+# extra is left out (vLLM needs CUDA; the checks feed recorded completions instead of generating).
+build_trl() {
+  local py; py=$(fresh trl-0.18.0)
+  "$py" -m pip install --quiet trl==0.18.0 transformers==4.52.3 accelerate==1.4.0 "datasets<4" pyyaml
+}
+
+# veRL 0.2.0.post2 (2025-02-20), the release closest to SimpleRL-Zoo's fork (its core_algos.py and
+# dp_actor.py are upstream's of 2025-01-29 / 2025-02-01; ../shared/reference/simplerl_zoo.md §Sources).
+# Installed --no-deps: its requirements pull vllm<=0.6.3 and ray (CUDA / cluster only); the step code
+# (verl.trainer.ppo.core_algos, verl.workers.actor.dp_actor) imports torch, transformers (< 4.48 in the
+# fork's requirements.txt), tensordict, codetiming, omegaconf, numpy and flash-attn's bert_padding (torch-only
+# pad/unpad helpers; flash-attn itself needs CUDA to build: tests/fidelity/stubs/ carries that one file's API).
+build_verl() {
+  local py; py=$(fresh verl-0.2.0.post2)
+  "$py" -m pip install --quiet --no-deps verl==0.2.0.post2
+  "$py" -m pip install --quiet "transformers==4.47.1" "tensordict<0.6" codetiming omegaconf hydra-core numpy \
+    pandas pyyaml
+}
+
+# OpenRLHF 0.9.0, the release the RM recipes cite (train_rm_llama.sh @v0.9.0 06ab51e). --no-deps: its
+# requirements pull vllm, ray, flash-attn and deepspeed's CUDA ops; the RM path (openrlhf.models.loss
+# PairWiseLoss, openrlhf.models.model get_llm_for_sequence_regression) imports torch, transformers, peft,
+# deepspeed (imported, not run), einops and flash-attn's bert_padding (stubbed as for veRL).
+build_openrlhf() {
+  local py; py=$(fresh openrlhf-0.9.0)
+  "$py" -m pip install --quiet --no-deps openrlhf==0.9.0
+  "$py" -m pip install --quiet "transformers==4.50.3" peft "deepspeed==0.16.4" einops accelerate datasets \
+    pyyaml
+}
+
+build() {  # build NAME FUNC: once; a build cut short leaves no stamp and is redone
+  local dir="$ROOT/$1"
+  if [[ -f "$dir/.ok" ]]; then echo "fidelity env $1: ready ($dir)"; return; fi
+  echo "fidelity env $1: building in $dir"
+  "$2"
+  touch "$dir/.ok"
+}
+
+targets=("$@"); [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]] && targets=(trl verl openrlhf)
+for t in "${targets[@]}"; do
+  case "$t" in
+    trl) build trl-0.18.0 build_trl ;;
+    verl) build verl-0.2.0.post2 build_verl ;;
+    openrlhf) build openrlhf-0.9.0 build_openrlhf ;;
+    *) echo "envs.sh: unknown env '$t' (expected trl, verl, openrlhf or all)" >&2; exit 2 ;;
+  esac
+done
