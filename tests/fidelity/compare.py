@@ -21,20 +21,30 @@ def _max(x: torch.Tensor) -> float:
     return float(x.abs().max()) if x.numel() else 0.0
 
 
+def _layout(ours: dict, theirs: dict) -> dict[str, float]:
+    """Differing prompt ids and completion-mask entries (counts), where the source made its own."""
+    out = {}
+    if "prompt_ids" in theirs:
+        P, their_ids = ours["prompt_length"], theirs["prompt_ids"]
+        keep = ours["attention_mask"][:, :P]  # [N, P] where the prompt's tokens are (padding left out)
+        out["prompt_ids"] = (float(((ours["input_ids"][:, :P] - their_ids) * keep != 0).sum())
+                             if their_ids.shape == keep.shape else float("inf"))
+    if "completion_mask" in theirs:
+        R = min(ours["mask"].shape[1], theirs["completion_mask"].shape[1])
+        out["completion_mask"] = float((ours["mask"][:, :R].long() != theirs["completion_mask"][:, :R].long()).sum())
+    return out
+
+
 def step_diffs(ours: dict, theirs: dict, start: dict) -> dict[str, float]:
-    """Largest difference per quantity for one RL step; ``start`` is the policy before it (for the update's size)."""
-    P, mask = ours["prompt_length"], ours["mask"].bool()  # [N, R]
-    prompt = ours["input_ids"][:, :P] * ours["attention_mask"][:, :P]  # [N, P] padding zeroed on both
-    their_prompt = theirs["prompt_ids"] * (theirs["prompt_ids"] != theirs.get("pad_id", -1))
-    R = min(mask.shape[1], theirs["completion_mask"].shape[1])
-    out = {
-        "prompt_ids": float((prompt != their_prompt.to(prompt.dtype)).sum()) if prompt.shape == their_prompt.shape
-        else float("inf"),
-        "completion_mask": float((mask[:, :R].long() != theirs["completion_mask"][:, :R].long()).sum()),
-        "advantages": _max((ours["advantages"] - theirs["advantages"][:, None])[mask]),
-        "grad_norm": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["grad_norm"], theirs["grad_norm"])),
-        "lr": max(abs(a - b) for a, b in zip(ours["lr"], theirs["lr"])),
-    }
+    """Largest difference per quantity for one RL step; ``start`` is the policy before it (for the update's size).
+    Prompt ids and the completion mask are compared where the source built its own (TRL tokenises and masks)."""
+    mask = ours["mask"].bool()  # [N, R]
+    adv = theirs["advantages"] if theirs["advantages"].dim() == 2 else theirs["advantages"][:, None]  # [N, R|1]
+    out = {**_layout(ours, theirs),
+           "advantages": _max((ours["advantages"] - adv[:, :mask.shape[1]])[mask]),
+           "grad_norm": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["grad_norm"], theirs["grad_norm"],
+                                                                            strict=True)),
+           "lr": max(abs(a - b) for a, b in zip(ours["lr"], theirs["lr"], strict=True))}
     lp, loss = [], []
     for a, b in zip(ours["micro"], theirs["micro"], strict=True):
         m = mask[a["rows"]][:, :b["logprobs"].shape[1]]  # [n, R]

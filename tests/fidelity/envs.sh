@@ -32,24 +32,40 @@ build_trl() {
 # dp_actor.py are upstream's of 2025-01-29 / 2025-02-01; ../shared/reference/simplerl_zoo.md §Sources).
 # Installed --no-deps: its requirements pull vllm<=0.6.3 and ray (CUDA / cluster only); the step code
 # (verl.trainer.ppo.core_algos, verl.workers.actor.dp_actor) imports torch, transformers (< 4.48 in the
-# fork's requirements.txt), tensordict, codetiming, omegaconf, numpy and flash-attn's bert_padding (torch-only
-# pad/unpad helpers; flash-attn itself needs CUDA to build: tests/fidelity/stubs/ carries that one file's API).
+# fork's requirements.txt), tensordict, codetiming, omegaconf, numpy and flash-attn's bert_padding (see below).
 build_verl() {
   local py; py=$(fresh verl-0.2.0.post2)
   "$py" -m pip install --quiet --no-deps verl==0.2.0.post2
   "$py" -m pip install --quiet "transformers==4.47.1" "tensordict<0.6" codetiming omegaconf hydra-core numpy \
-    pandas pyyaml
+    pandas pyyaml einops
+  bert_padding "$py"
+}
+
+# flash-attn's CUDA kernels cannot build here; dp_actor.py and OpenRLHF's model.py import only its
+# flash_attn/bert_padding.py (pad_input, unpad_input, index_first_axis, rearrange: torch and einops). That one
+# file is taken from the flash-attn 2.7.4.post1 source distribution, under an empty flash_attn/__init__.py (the
+# real one loads the kernels). The checks run the padded path (use_remove_padding=False), which calls none of it.
+bert_padding() {
+  local py=$1 tmp site
+  tmp=$(mktemp -d); site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$py" -m pip download --quiet --no-deps --no-binary :all: flash-attn==2.7.4.post1 -d "$tmp" >&2
+  tar -xzf "$tmp"/flash_attn-2.7.4.post1.tar.gz -C "$tmp" flash_attn-2.7.4.post1/flash_attn/bert_padding.py
+  mkdir -p "$site/flash_attn"
+  cp "$tmp"/flash_attn-2.7.4.post1/flash_attn/bert_padding.py "$site/flash_attn/"
+  : > "$site/flash_attn/__init__.py"
+  rm -rf "$tmp"
 }
 
 # OpenRLHF 0.9.0, the release the RM recipes cite (train_rm_llama.sh @v0.9.0 06ab51e). --no-deps: its
 # requirements pull vllm, ray, flash-attn and deepspeed's CUDA ops; the RM path (openrlhf.models.loss
 # PairWiseLoss, openrlhf.models.model get_llm_for_sequence_regression) imports torch, transformers, peft,
-# deepspeed (imported, not run), einops and flash-attn's bert_padding (stubbed as for veRL).
+# deepspeed (imported, not run), einops and flash-attn's bert_padding (as for veRL).
 build_openrlhf() {
   local py; py=$(fresh openrlhf-0.9.0)
   "$py" -m pip install --quiet --no-deps openrlhf==0.9.0
   "$py" -m pip install --quiet "transformers==4.50.3" peft "deepspeed==0.16.4" einops accelerate datasets \
     pyyaml
+  bert_padding "$py"
 }
 
 build() {  # build NAME FUNC: once; a build cut short leaves no stamp and is redone

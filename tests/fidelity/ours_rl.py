@@ -93,10 +93,13 @@ def main(recipe: str, out_dir: str, *overrides: str) -> None:
         rl.rl_step(run)
         run.step += 1
         steps[-1]["weights"] = {k: v.detach().clone() for k, v in run.engine.module.state_dict().items()}
-    meta = {"recipe": recipe, "group_size": run.cfg.train.group_size, "micro_batch_size": run.cfg.train.micro_batch_size,
-            "grad_accum": run.plan.grad_accum, "max_new_tokens": run.cfg.rollout.max_new_tokens,
-            "total_steps": run.plan.total_steps, "pad_token_id": run.tokenizer.pad_token_id,
-            "max_prompt_tokens": run.cfg.data.max_prompt_tokens}
+    t = run.cfg.train  # the tiny scale's batch shape: the source runs the same one
+    meta = {"recipe": recipe, "group_size": t.group_size, "micro_batch_size": t.micro_batch_size,
+            "mini_batch_size": run.plan.mini_batch_per_rank, "grad_accum": run.plan.grad_accum,
+            "logprob_micro_batch_size": t.logprob_micro_batch_size, "max_new_tokens": run.cfg.rollout.max_new_tokens,
+            "temperature": run.cfg.rollout.temperature, "total_steps": run.plan.total_steps,
+            "optimizer_steps": run.plan.total_steps * run.plan.optimizer_steps_per_rl_step,
+            "pad_token_id": run.tokenizer.pad_token_id, "max_prompt_tokens": run.cfg.data.max_prompt_tokens}
     torch.save({"meta": meta, "steps": steps}, out / "ours.pt")
 
 
