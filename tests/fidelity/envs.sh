@@ -7,6 +7,7 @@
 # torch builds for CUDA (Open-R1 torch 2.6.0, SimpleRL-Zoo torch 2.4.0), which the step code does not depend on.
 set -euo pipefail
 PY=${PY:-python3}
+HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=${FIDELITY_ENVS:-/tmp/rlr-fidelity-envs}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 mkdir -p "$ROOT"
@@ -41,19 +42,16 @@ build_verl() {
   bert_padding "$py"
 }
 
-# flash-attn's CUDA kernels cannot build here; dp_actor.py and OpenRLHF's model.py import only its
-# flash_attn/bert_padding.py (pad_input, unpad_input, index_first_axis, rearrange: torch and einops). That one
-# file is taken from the flash-attn 2.7.4.post1 source distribution, under an empty flash_attn/__init__.py (the
+# flash-attn's CUDA kernels cannot build here (nor can pip prepare its source distribution without CUDA);
+# dp_actor.py and OpenRLHF's models import only its flash_attn/bert_padding.py (torch and einops). That file,
+# verbatim from flash-attn v2.7.4.post1 (tests/fidelity/vendor/), goes under an empty flash_attn/__init__.py (the
 # real one loads the kernels). The checks run the padded path (use_remove_padding=False), which calls none of it.
 bert_padding() {
-  local py=$1 tmp site
-  tmp=$(mktemp -d); site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  "$py" -m pip download --quiet --no-deps --no-binary :all: flash-attn==2.7.4.post1 -d "$tmp" >&2
-  tar -xzf "$tmp"/flash_attn-2.7.4.post1.tar.gz -C "$tmp" flash_attn-2.7.4.post1/flash_attn/bert_padding.py
+  local py=$1 site
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   mkdir -p "$site/flash_attn"
-  cp "$tmp"/flash_attn-2.7.4.post1/flash_attn/bert_padding.py "$site/flash_attn/"
+  cp "$HERE/vendor/flash_attn/bert_padding.py" "$site/flash_attn/"
   : > "$site/flash_attn/__init__.py"
-  rm -rf "$tmp"
 }
 
 # OpenRLHF 0.9.0, the release the RM recipes cite (train_rm_llama.sh @v0.9.0 06ab51e). --no-deps: its

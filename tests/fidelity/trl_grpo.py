@@ -1,6 +1,6 @@
 """TRL's side of an Open-R1 fidelity check, run in the TRL 0.18.0 env (tests/fidelity/envs.sh trl), never in .venv.
 
-    python tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR
+    python tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR [DEFAULTS_JSON]
 
 Parses the Open-R1 recipe YAML (a verbatim copy, tests/fidelity/open_r1/) into TRL's own ``GRPOConfig`` as Open-R1's
 ``TrlParser`` does (keys that are not GRPOConfig fields dropped), changes only what a CPU and the tiny scale need
@@ -15,6 +15,7 @@ with the same fields as ours.pt (tests/fidelity/ours_rl.py) where TRL has them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -35,8 +36,9 @@ CPU_TINY = {"bf16": False, "use_cpu": True, "use_vllm": False, "use_liger_kernel
             "log_completions": False, "logging_steps": 1, "dataloader_num_workers": 0}
 
 
-def source_args(source_yaml: Path, meta: dict, out_dir: str) -> tuple[GRPOConfig, dict]:
-    """The recipe YAML as GRPOConfig, with the CPU changes and the tiny scale's batch shape; also the YAML itself."""
+def source_args(source_yaml: Path, meta: dict, out_dir: str, defaults: dict) -> tuple[GRPOConfig, dict]:
+    """The recipe YAML as GRPOConfig over ``defaults`` (the cited TRL commit's, where they differ from the installed
+    release: tests/fidelity/sources.yaml), with the CPU changes and the tiny scale's batch shape; also the YAML."""
     raw = yaml.safe_load(source_yaml.read_text())
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     # reward_weights: one reward function returns the recorded weighted total (the verifiers are checked on their own)
@@ -44,7 +46,7 @@ def source_args(source_yaml: Path, meta: dict, out_dir: str) -> tuple[GRPOConfig
     shape = {"per_device_train_batch_size": meta["micro_batch_size"],
              "gradient_accumulation_steps": meta["grad_accum"], "num_generations": meta["group_size"],
              "max_completion_length": meta["max_new_tokens"], "max_steps": meta["total_steps"]}
-    return GRPOConfig(**{**kept, **CPU_TINY, **shape, "output_dir": out_dir}), raw
+    return GRPOConfig(**{**defaults, **kept, **CPU_TINY, **shape, "output_dir": out_dir}), raw
 
 
 class StepSampler(torch.utils.data.Sampler):
@@ -152,8 +154,6 @@ def load_tokenizer(path: Path):
     """The tokenizer our run saved (transformers 5's format) in transformers 4.52: the same ``tokenizer.json`` and chat
     template, the specials from ``tokenizer_config.json`` (v5 writes ``extra_special_tokens`` as a list, which 4.52
     reads as a dict: it becomes 4.52's ``additional_special_tokens``)."""
-    import json
-
     conf = json.loads((path / "tokenizer_config.json").read_text())
     specials = {k: conf.get(k) for k in ("pad_token", "eos_token", "bos_token", "unk_token")}
     tok = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), padding_side=conf["padding_side"],
@@ -163,12 +163,13 @@ def load_tokenizer(path: Path):
     return tok
 
 
-def main(source_yaml: str, ours_dir: str) -> None:
+def main(source_yaml: str, ours_dir: str, defaults: str = "{}") -> None:
     torch.set_num_threads(1)
     ours_dir = Path(ours_dir)
     rec = torch.load(ours_dir / "ours.pt", weights_only=False)
     meta, ours = rec["meta"], rec["steps"]
-    args, raw = source_args(Path(source_yaml), meta, tempfile.mkdtemp(dir=ours_dir, prefix="trl_"))
+    args, raw = source_args(Path(source_yaml), meta, tempfile.mkdtemp(dir=ours_dir, prefix="trl_"),
+                            json.loads(defaults))
     tok = load_tokenizer(ours_dir / "init")
     if raw.get("chat_template"):  # Open-R1's get_tokenizer: the YAML's template replaces the checkpoint's
         tok.chat_template = raw["chat_template"]
@@ -186,6 +187,6 @@ def main(source_yaml: str, ours_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR")
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: python tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR [DEFAULTS_JSON]")
     main(*sys.argv[1:])

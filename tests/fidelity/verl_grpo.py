@@ -98,7 +98,7 @@ def instrument(actor: DataParallelPPOActor, scheduler, record: list[dict]) -> No
     actor._forward_micro_batch, actor._optimizer_step, torch.Tensor.backward = fwd, opt_step, bwd
 
 
-def main(source_yaml: str, ours_dir: str) -> None:
+def main(source_yaml: str, ours_dir: str, defaults: str = "{}") -> None:
     torch.set_num_threads(1)
     ours_dir = Path(ours_dir)
     rec = torch.load(ours_dir / "ours.pt", weights_only=False)
@@ -129,6 +129,6 @@ def main(source_yaml: str, ours_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit("usage: python tests/fidelity/verl_grpo.py SOURCE_YAML OURS_DIR")
     main(*sys.argv[1:])
