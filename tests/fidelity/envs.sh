@@ -31,13 +31,16 @@ build_trl() {
 
 # veRL 0.2.0.post2 (2025-02-20), the release closest to SimpleRL-Zoo's fork (its core_algos.py and
 # dp_actor.py are upstream's of 2025-01-29 / 2025-02-01; ../shared/reference/simplerl_zoo.md §Sources).
-# Installed --no-deps: its requirements pull vllm<=0.6.3 and ray (CUDA / cluster only); the step code
-# (verl.trainer.ppo.core_algos, verl.workers.actor.dp_actor) imports torch, transformers (< 4.48 in the
-# fork's requirements.txt), tensordict, codetiming, omegaconf, numpy and flash-attn's bert_padding (see below).
+# Installed --no-deps: its requirements pull vllm<=0.6.3 (CUDA only). The step code (verl.trainer.ppo.core_algos,
+# verl.workers.actor.dp_actor) imports torch, transformers (< 4.48 in the fork's requirements.txt), tensordict,
+# codetiming, omegaconf, numpy, ray (verl/protocol.py imports it; CPU wheels exist, nothing starts a cluster) and
+# flash-attn's bert_padding (see below). tensordict: its newest release, as veRL's pin (< 0.6) does not import under
+# torch 2.13 (torch.multiprocessing.reductions.ForkingPickler is gone); the TensorDict calls of DataProto (select,
+# split, batch_size) behave the same, and the check compares every quantity they carry.
 build_verl() {
   local py; py=$(fresh verl-0.2.0.post2)
   "$py" -m pip install --quiet --no-deps verl==0.2.0.post2
-  "$py" -m pip install --quiet "transformers==4.47.1" "tensordict<0.6" codetiming omegaconf hydra-core numpy \
+  "$py" -m pip install --quiet "transformers==4.47.1" "tensordict>=0.6" ray codetiming omegaconf hydra-core numpy \
     pandas pyyaml einops
   bert_padding "$py"
 }

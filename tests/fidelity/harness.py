@@ -50,13 +50,14 @@ def check_rl(recipe: str, tmp: Path, driver: str, *overrides: str, timeout: int 
     src = SOURCES[recipe]
     py = env_python(src["env"])
     _run([sys.executable, "-m", "tests.fidelity.ours_rl", recipe, tmp, *REWARD, *overrides], timeout)
-    _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(src.get("defaults", {}))], timeout)
+    given = {"defaults": src.get("defaults", {}), "deviations": src.get("deviations", {})}
+    _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
     ours = torch.load(tmp / "ours.pt", weights_only=False)["steps"]
     theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
     per_step = diffs(ours, theirs["steps"], load_file(tmp / "init" / "model.safetensors"))
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     report = {"recipe": recipe, "package": src["package"], "version": src["version"], "ran": theirs["versions"],
-              "defaults": src.get("defaults", {}),
+              **given,
               "overrides": [*REWARD, *overrides], "tolerance": TOL, "steps": per_step}
     (REPORT_DIR / f"{recipe}.json").write_text(json.dumps(report, indent=1))
     problems = failures(per_step) + vacuous(per_step, ours)

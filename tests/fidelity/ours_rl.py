@@ -29,7 +29,9 @@ from recipes import rl, rl_update
 # What every fidelity run sets: a single process on the CPU in fp32, no warm start (the checked step starts from the
 # saved initial policy either way), nothing logged but the record. ZeRO is left out of the comparison: one process
 # shards nothing, and TRL's, veRL's and OpenRLHF's step code run here without DeepSpeed too.
-RUN = ["scale=tiny", "device=cpu", "model.dtype=float32", "zero=none", "train.warm_start.enabled=false",
+RUN = ["scale=tiny", "device=cpu", "model.dtype=float32", "zero=none", "zero.offload_reference=false",
+       "zero.offload_optimizer=false", "zero.offload_param=false", "zero.communication_data_type=null",
+       "train.warm_start.enabled=false",
        "logger.progress=false", "logger.tensorboard=false", "train.eval_prompts=1", "train.eval_every=0",
        "train.total_steps=2"]
 

@@ -1,6 +1,6 @@
 """TRL's side of an Open-R1 fidelity check, run in the TRL 0.18.0 env (tests/fidelity/envs.sh trl), never in .venv.
 
-    python tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR [DEFAULTS_JSON]
+    python tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR [GIVEN_JSON]   ({"defaults": {...}}: sources.yaml's)
 
 Parses the Open-R1 recipe YAML (a verbatim copy, tests/fidelity/open_r1/) into TRL's own ``GRPOConfig`` as Open-R1's
 ``TrlParser`` does (keys that are not GRPOConfig fields dropped), changes only what a CPU and the tiny scale need
@@ -163,13 +163,13 @@ def load_tokenizer(path: Path):
     return tok
 
 
-def main(source_yaml: str, ours_dir: str, defaults: str = "{}") -> None:
+def main(source_yaml: str, ours_dir: str, given: str = "{}") -> None:
     torch.set_num_threads(1)
     ours_dir = Path(ours_dir)
     rec = torch.load(ours_dir / "ours.pt", weights_only=False)
     meta, ours = rec["meta"], rec["steps"]
     args, raw = source_args(Path(source_yaml), meta, tempfile.mkdtemp(dir=ours_dir, prefix="trl_"),
-                            json.loads(defaults))
+                            json.loads(given).get("defaults", {}))
     tok = load_tokenizer(ours_dir / "init")
     if raw.get("chat_template"):  # Open-R1's get_tokenizer: the YAML's template replaces the checkpoint's
         tok.chat_template = raw["chat_template"]
@@ -188,5 +188,5 @@ def main(source_yaml: str, ours_dir: str, defaults: str = "{}") -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4):
-        sys.exit("usage: python tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR [DEFAULTS_JSON]")
+        sys.exit("usage: python tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR [GIVEN_JSON]")
     main(*sys.argv[1:])
