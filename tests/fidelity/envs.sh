@@ -34,14 +34,14 @@ build_trl() {
 # Installed --no-deps: its requirements pull vllm<=0.6.3 (CUDA only). The step code (verl.trainer.ppo.core_algos,
 # verl.workers.actor.dp_actor) imports torch, transformers (< 4.48 in the fork's requirements.txt), tensordict,
 # codetiming, omegaconf, numpy, ray (verl/protocol.py imports it; CPU wheels exist, nothing starts a cluster) and
-# flash-attn's bert_padding (see below). tensordict: its newest release, as veRL's pin (< 0.6) does not import under
-# torch 2.13 (torch.multiprocessing.reductions.ForkingPickler is gone); the TensorDict calls of DataProto (select,
-# split, batch_size) behave the same, and the check compares every quantity they carry.
+# flash-attn's bert_padding (see below). tensordict 0.15.3 (the newest today), as veRL's pin (< 0.6) does not
+# import under torch 2.13 (torch.multiprocessing.reductions.ForkingPickler is gone); the TensorDict calls of
+# DataProto (select, split, batch_size) behave the same, and the check compares every quantity they carry.
 build_verl() {
   local py; py=$(fresh verl-0.2.0.post2)
   "$py" -m pip install --quiet --no-deps verl==0.2.0.post2
-  "$py" -m pip install --quiet "transformers==4.47.1" "tensordict>=0.6" ray codetiming omegaconf hydra-core numpy \
-    pandas pyyaml einops
+  "$py" -m pip install --quiet "transformers==4.47.1" "tensordict==0.15.3" "ray==2.60.0" codetiming omegaconf \
+    hydra-core numpy pandas pyyaml einops
   bert_padding "$py"
 }
 

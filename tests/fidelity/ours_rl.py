@@ -46,14 +46,15 @@ def _record(run: rl.Run, steps: list[dict]):
         idx, roll, made_by = take(timer)
         G = run.cfg.train.group_size  # the rows are group-major: G per prompt
         prompts = [format_prompt(run.data.train_rows[i]["prompt"], run.cfg.data) for i in idx[::G]]
-        steps.append({"prompts": prompts, "input_ids": roll.input_ids.clone(), "attention_mask": roll.attention_mask.clone(),
-                      "response_mask": roll.response_mask.clone(), "prompt_length": roll.prompt_length,
+        steps.append({"prompts": prompts, "input_ids": roll.input_ids.clone(),
+                      "attention_mask": roll.attention_mask.clone(), "response_mask": roll.response_mask.clone(), "prompt_length": roll.prompt_length,
                       "micro": [], "grad_norm": [], "lr": []})
         return idx, roll, made_by
 
     def advantages(inp, cfg):
         adv, ret = adv_fn(inp, cfg)
-        steps[-1].update(scores=inp.scores.detach().clone(), mask=inp.response_mask.clone(), advantages=adv.clone())
+        steps[-1].update(scores=inp.scores.detach().clone(), mask=inp.response_mask.clone(),
+                         advantages=adv.clone())
         return adv, ret
 
     def order(run_, n, epoch):
