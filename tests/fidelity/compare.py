@@ -4,8 +4,9 @@ and state the largest difference of each quantity, with the tolerance it is held
 Tolerances are fp32 rounding of the same computation done in another order (another transformers release's
 attention and MLP code, another reduction order): per-token log-probs and advantages of magnitude up to ~10 agree to
 1e-5 absolute; the loss, a mean of those, to 1e-5; the gradient norm to 1e-4 relative; the weights after a step to
-1e-2 of that step's largest update. The update, about lr per element under AdamW, is where the rounding enters: ``w + update`` of a weight of 0.04 rounds to a
-neighbouring float 3.7e-9 away, 4e-3 of a 1e-6 update (the distill recipe's lr). A real difference (lr, schedule,
+1e-2 of that step's largest update. The update, about lr per element under AdamW, is where the rounding enters:
+``w + update`` of a weight of 0.04 rounds to a neighbouring float 3.7e-9 away, 4e-3 of a 1e-6 update (the distill
+recipe's lr). A real difference (lr, schedule,
 gradient scale, clipping) changes the update by a large fraction of itself; an element whose gradient were rounding
 noise on both sides could move by up to lr either way and fail this bound too: that would show, not hide.
 """

@@ -47,8 +47,8 @@ def _record(run: rl.Run, steps: list[dict]):
         G = run.cfg.train.group_size  # the rows are group-major: G per prompt
         prompts = [format_prompt(run.data.train_rows[i]["prompt"], run.cfg.data) for i in idx[::G]]
         steps.append({"prompts": prompts, "input_ids": roll.input_ids.clone(),
-                      "attention_mask": roll.attention_mask.clone(), "response_mask": roll.response_mask.clone(), "prompt_length": roll.prompt_length,
-                      "micro": [], "grad_norm": [], "lr": []})
+                      "attention_mask": roll.attention_mask.clone(), "response_mask": roll.response_mask.clone(),
+                      "prompt_length": roll.prompt_length, "micro": [], "grad_norm": [], "lr": []})
         return idx, roll, made_by
 
     def advantages(inp, cfg):
