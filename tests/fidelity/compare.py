@@ -78,3 +78,27 @@ def vacuous(per_step: list[dict[str, float]], ours: list[dict]) -> list[str]:
     out = [] if max(d["update"] for d in per_step) > 0 else ["no step changed the weights"]
     out += [] if max(max(s["grad_norm"]) for s in ours) > 0 else ["every gradient norm is 0"]
     return out + ([] if any(float(s["advantages"].abs().max()) > 0 for s in ours) else ["every advantage is 0"])
+
+
+def main(argv: list[str]) -> None:
+    """``python -m tests.fidelity.compare DIR PACKAGE``: the per-step differences of ``DIR/ours.pt`` and
+    ``DIR/PACKAGE.pt`` (a check's drivers run by hand, docs/fidelity.md), and what fails."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    if len(argv) != 2:
+        raise SystemExit(main.__doc__)
+    out = Path(argv[0])
+    ours = torch.load(out / "ours.pt", weights_only=False)["steps"]
+    theirs = torch.load(out / f"{argv[1]}.pt", weights_only=False)["steps"]
+    per_step = diffs(ours, theirs, load_file(out / "init" / "model.safetensors"))
+    for i, d in enumerate(per_step):
+        print(f"step {i + 1}: " + ", ".join(f"{k} {v:.3g}" for k, v in d.items()))
+    print("\n".join(failures(per_step) + vacuous(per_step, ours)) or "within tolerance")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
