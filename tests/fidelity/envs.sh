@@ -46,15 +46,19 @@ build_verl() {
 }
 
 # flash-attn's CUDA kernels cannot build here (nor can pip prepare its source distribution without CUDA);
-# dp_actor.py and OpenRLHF's models import only its flash_attn/bert_padding.py (torch and einops). That file,
-# verbatim from flash-attn v2.7.4.post1 (tests/fidelity/vendor/), goes under an empty flash_attn/__init__.py (the
-# real one loads the kernels). The checks run the padded path (use_remove_padding=False), which calls none of it.
+# dp_actor.py imports only its flash_attn/bert_padding.py (torch and einops), OpenRLHF's models that and
+# flash_attn/utils/distributed.py (torch). Those files, verbatim from flash-attn (tests/fidelity/vendor/:
+# bert_padding.py of v2.7.4.post1, the same in v2.8.3; distributed.py of v2.8.3), go under empty __init__.py files
+# (the real flash_attn/__init__.py loads the kernels). The checks run the padded path (use_remove_padding=False),
+# which calls none of it.
 bert_padding() {
   local py=$1 site
   site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  mkdir -p "$site/flash_attn"
+  mkdir -p "$site/flash_attn/utils"
   cp "$HERE/vendor/flash_attn/bert_padding.py" "$site/flash_attn/"
+  cp "$HERE/vendor/flash_attn/utils/distributed.py" "$site/flash_attn/utils/"
   : > "$site/flash_attn/__init__.py"
+  : > "$site/flash_attn/utils/__init__.py"
 }
 
 # OpenRLHF 0.9.0, the release the RM recipes cite (train_rm_llama.sh @v0.9.0 06ab51e). --no-deps: its
