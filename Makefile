@@ -14,7 +14,7 @@ C ?= constraints/gpu.txt
 
 .DEFAULT_GOAL := help
 .PHONY: help venv demo test test-slow test-gpu test-all test-min test-constraints check-gpu-constraints bench gpu-smoke \
-        probe compare clean
+        probe compare fidelity clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-22s %s\n", $$1, $$2}'
@@ -32,16 +32,16 @@ demo: $(STAMP) ## Run the default recipe (tiny_math_grpo): GRPO on a tiny local 
 	$(BIN)/python -m recipes.run
 
 test: $(STAMP) ## Run the CPU test suite (not slow, not gpu): about 14 min on 2 cores
-	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow and not gpu and not fidelity" $(PYTEST_ARGS)
 
 test-slow: $(STAMP) ## Run the slow tests (demo learning check, long end-to-end runs)
-	$(BIN)/python -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "slow and not gpu and not fidelity" $(PYTEST_ARGS)
 
 test-gpu: $(STAMP) ## Run the GPU tests (vLLM, flash-attn); needs CUDA and `pip install -e .[gpu]`
 	$(BIN)/python -m pytest -m gpu $(PYTEST_ARGS)
 
 test-all: $(STAMP) ## Run every CPU test, slow ones included
-	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not fidelity" $(PYTEST_ARGS)
 
 test-min: ## Install every floor of pyproject.toml (constraints/min.txt) in a /tmp venv and run the fast subset
 	$(MAKE) test-constraints C=constraints/min.txt
@@ -66,6 +66,14 @@ probe: $(STAMP) ## Per-GPU memory and FLOPs of each named recipe at its real sha
 
 compare: $(STAMP) ## Print the results table of finished runs as markdown
 	$(BIN)/python -m recipes.compare
+
+# Where `make fidelity` builds the source frameworks' envs (tests/fidelity/envs.sh; never .venv).
+FIDELITY_ENVS ?= /tmp/rlr-fidelity-envs
+
+fidelity: $(STAMP) ## Each recipe's update against its source framework's own code (TRL, veRL) in envs of their own: docs/fidelity.md
+	FIDELITY_ENVS=$(FIDELITY_ENVS) PY=$(PY) tests/fidelity/envs.sh all
+	FIDELITY_ENVS=$(FIDELITY_ENVS) $(BIN)/python -m pytest -m fidelity tests/fidelity $(PYTEST_ARGS)
+	$(BIN)/python -m tests.fidelity.report
 
 clean: ## Remove run outputs and the model cache (keeps .venv)
 	rm -rf results/runs results/evals results/*.jsonl results/*.lock .cache

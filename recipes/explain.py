@@ -14,7 +14,8 @@ framework in core/reporting/source_views.py):
   learner's prompts, micro-batch and accumulation;
 - the run: rows after filtering, steps per epoch (drop-last), epochs covered, views per example, total optimiser
   steps, the schedule's length and warmup; the views of each example (completions generated per training row);
-- ``source.notes``: where an article's figure differs from the source's.
+- ``source.notes``: where an article's figure differs from the source's;
+- the source release the recipe's step was checked against (tests/fidelity/sources.yaml, docs/fidelity.md).
 
 A reward-model recipe (``loop: rm``, recipes/rm.py) gets its own lines: the GPUs; one optimiser step's pairs and
 sequences, each learner's share as micro-batch x accumulation; the tokens a step holds (bounded by ``train.max_len``,
@@ -137,7 +138,25 @@ def explanation(prepared, rows: int | None, why: str = "", published: bool = Fal
         out += [f"  {flag}: {value}" for flag, value in view]
     for note in cfg.source.notes:
         out.append(f"note: {note}")
-    return out
+    return out + _fidelity(cfg.recipe_name)
+
+
+def _fidelity(recipe: str) -> list[str]:
+    """The line of tests/fidelity/sources.yaml for ``recipe``: the source release its step was checked against by
+    ``make fidelity``, or that its source (not a package) keeps function-level checks (docs/fidelity.md); none for a
+    recipe the file does not name, or outside a checkout."""
+    import yaml
+
+    from core.paths import PROJECT_ROOT
+
+    path = PROJECT_ROOT / "tests" / "fidelity" / "sources.yaml"
+    src = yaml.safe_load(path.read_text()).get(recipe) if path.exists() else None
+    if src is None:
+        return []
+    if src["check"] == "step":
+        return [f"fidelity: step checked against {src['package']} {src['version']}'s own code (make fidelity; "
+                f"docs/fidelity.md)"]
+    return ["fidelity: function-level checks only, its source is not a package (docs/fidelity.md)"]
 
 
 def release_lines(source) -> list[str]:

@@ -1,0 +1,104 @@
+"""Compare our recorded RL steps with a source framework's (``ours.pt`` and ``<source>.pt``, tests/fidelity/ours_rl.py)
+and state the largest difference of each quantity, with the tolerance it is held to (docs/fidelity.md).
+
+Tolerances are fp32 rounding of the same computation done in another order (another transformers release's
+attention and MLP code, another reduction order): per-token log-probs and advantages of magnitude up to ~10 agree to
+1e-5 absolute; the loss, a mean of those, to 1e-5; the gradient norm to 1e-4 relative; the weights after a step to
+1e-2 of that step's largest update. The update, about lr per element under AdamW, is where the rounding enters:
+``w + update`` of a weight of 0.04 rounds to a neighbouring float 3.7e-9 away, 4e-3 of a 1e-6 update (the distill
+recipe's lr). A real difference (lr, schedule,
+gradient scale, clipping) changes the update by a large fraction of itself; an element whose gradient were rounding
+noise on both sides could move by up to lr either way and fail this bound too: that would show, not hide.
+"""
+from __future__ import annotations
+
+import torch
+
+TOL = {"prompt_ids": 0.0, "completion_mask": 0.0, "advantages": 1e-5, "logprobs": 1e-5, "loss": 1e-5,
+       "grad_norm": 1e-4, "lr": 1e-12, "weights": 1e-2}
+
+
+def _max(x: torch.Tensor) -> float:
+    return float(x.abs().max()) if x.numel() else 0.0
+
+
+def _layout(ours: dict, theirs: dict) -> dict[str, float]:
+    """Differing prompt ids and completion-mask entries (counts), where the source made its own."""
+    out = {}
+    if "prompt_ids" in theirs:
+        P, their_ids = ours["prompt_length"], theirs["prompt_ids"]
+        keep = ours["attention_mask"][:, :P]  # [N, P] where the prompt's tokens are (padding left out)
+        out["prompt_ids"] = (float(((ours["input_ids"][:, :P] - their_ids) * keep != 0).sum())
+                             if their_ids.shape == keep.shape else float("inf"))
+    if "completion_mask" in theirs:
+        R = min(ours["mask"].shape[1], theirs["completion_mask"].shape[1])
+        out["completion_mask"] = float((ours["mask"][:, :R].long() != theirs["completion_mask"][:, :R].long()).sum())
+    return out
+
+
+def step_diffs(ours: dict, theirs: dict, start: dict) -> dict[str, float]:
+    """Largest difference per quantity for one RL step; ``start`` is the policy before it (for the update's size).
+    Prompt ids and the completion mask are compared where the source built its own (TRL tokenises and masks)."""
+    mask = ours["mask"].bool()  # [N, R]
+    adv = theirs["advantages"] if theirs["advantages"].dim() == 2 else theirs["advantages"][:, None]  # [N, R|1]
+    out = {**_layout(ours, theirs),
+           "advantages": _max((ours["advantages"] - adv[:, :mask.shape[1]])[mask]),
+           "grad_norm": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["grad_norm"], theirs["grad_norm"],
+                                                                            strict=True)),
+           "lr": max(abs(a - b) for a, b in zip(ours["lr"], theirs["lr"], strict=True))}
+    lp, loss = [], []
+    for a, b in zip(ours["micro"], theirs["micro"], strict=True):
+        m = mask[a["rows"]][:, :b["logprobs"].shape[1]]  # [n, R]
+        lp.append(_max((a["logprobs"][:, :m.shape[1]] - b["logprobs"])[m]))
+        loss.append(abs(a["loss"] - b["loss"]))
+    out.update(logprobs=max(lp), loss=max(loss))
+    update = max(_max(ours["weights"][k] - start[k]) for k in start)
+    diff = max(_max(ours["weights"][k] - theirs["weights"][k]) for k in start)
+    out["weights"] = diff / update if update else diff
+    out["update"] = update  # the step's largest weight change: a zero one would make the check vacuous
+    return out
+
+
+def diffs(ours: list[dict], theirs: list[dict], init: dict) -> list[dict[str, float]]:
+    """:func:`step_diffs` of every recorded step (their counts must agree)."""
+    if len(ours) != len(theirs):
+        raise AssertionError(f"{len(ours)} steps recorded on our side, {len(theirs)} on the source's")
+    starts = [init] + [s["weights"] for s in ours[:-1]]
+    return [step_diffs(a, b, s) for a, b, s in zip(ours, theirs, starts)]
+
+
+def failures(per_step: list[dict[str, float]]) -> list[str]:
+    """Each quantity of each step beyond its tolerance, as a line."""
+    return [f"step {i + 1}: {k} differs by {v:.3g} (tolerance {TOL[k]:g})"
+            for i, d in enumerate(per_step) for k, v in d.items() if k in TOL and not v <= TOL[k]]
+
+
+def vacuous(per_step: list[dict[str, float]], ours: list[dict]) -> list[str]:
+    """Why a comparison could pass without testing anything: no weight moved, no gradient, no advantage."""
+    out = [] if max(d["update"] for d in per_step) > 0 else ["no step changed the weights"]
+    out += [] if max(max(s["grad_norm"]) for s in ours) > 0 else ["every gradient norm is 0"]
+    return out + ([] if any(float(s["advantages"].abs().max()) > 0 for s in ours) else ["every advantage is 0"])
+
+
+def main(argv: list[str]) -> None:
+    """``python -m tests.fidelity.compare DIR PACKAGE``: the per-step differences of ``DIR/ours.pt`` and
+    ``DIR/PACKAGE.pt`` (a check's drivers run by hand, docs/fidelity.md), and what fails."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    if len(argv) != 2:
+        raise SystemExit(main.__doc__)
+    out = Path(argv[0])
+    ours = torch.load(out / "ours.pt", weights_only=False)["steps"]
+    theirs = torch.load(out / f"{argv[1]}.pt", weights_only=False)["steps"]
+    per_step = diffs(ours, theirs, load_file(out / "init" / "model.safetensors"))
+    for i, d in enumerate(per_step):
+        print(f"step {i + 1}: " + ", ".join(f"{k} {v:.3g}" for k, v in d.items()))
+    print("\n".join(failures(per_step) + vacuous(per_step, ours)) or "within tolerance")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

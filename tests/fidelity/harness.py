@@ -1,0 +1,65 @@
+"""Run one fidelity check: our recorder in this interpreter, the source's driver in its own env, then the comparison
+(docs/fidelity.md). Each check writes its figures to ``$FIDELITY_REPORT/<recipe>.json`` (default results/fidelity/),
+which ``python -m tests.fidelity.report`` tabulates."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from core.paths import PROJECT_ROOT
+from tests.fidelity.compare import TOL, diffs, failures, vacuous
+
+HERE = Path(__file__).parent
+SOURCES: dict[str, dict] = yaml.safe_load((HERE / "sources.yaml").read_text())
+ENVS = Path(os.environ.get("FIDELITY_ENVS", "/tmp/rlr-fidelity-envs"))
+REPORT_DIR = Path(os.environ.get("FIDELITY_REPORT", PROJECT_ROOT / "results" / "fidelity"))
+# A random tiny model never earns a math or code reward, and all-zero rewards give zero advantages and a step that
+# tests nothing. The stub gives every group the rewards 0, 1, 2 by row; the source is fed the same scores either way
+# (its reward functions are checked on their own: tests/recipes, docs/verifiers.md).
+REWARD = ["verifier.name=tests.stub_rewards:step_position", "verifier.kwargs={}"]
+
+
+def env_python(env: str) -> Path:
+    """The interpreter of a built env (tests/fidelity/envs.sh), or a skip naming the command that builds it."""
+    py = ENVS / env / "bin" / "python"
+    if not (ENVS / env / ".ok").exists():
+        pytest.skip(f"fidelity env {env} not built: tests/fidelity/envs.sh (or make fidelity)")
+    return py
+
+
+def _run(cmd: list, timeout: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run([str(c) for c in cmd], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    if out.returncode:
+        raise AssertionError(f"{' '.join(map(str, cmd[:3]))} ... exited {out.returncode}:\n{out.stderr[-4000:]}")
+
+
+def check_rl(recipe: str, tmp: Path, driver: str, *overrides: str, timeout: int = 600) -> list[dict]:
+    """Our recipe's recorded steps (tests/fidelity/ours_rl.py) against ``driver`` run in the recipe's source env;
+    the per-step differences, written to the report and asserted within tolerance and not vacuous."""
+    from safetensors.torch import load_file
+
+    src = SOURCES[recipe]
+    py = env_python(src["env"])
+    _run([sys.executable, "-m", "tests.fidelity.ours_rl", recipe, tmp, *REWARD, *overrides], timeout)
+    given = {"defaults": src.get("defaults", {}), "deviations": src.get("deviations", {})}
+    _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
+    ours = torch.load(tmp / "ours.pt", weights_only=False)["steps"]
+    theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
+    per_step = diffs(ours, theirs["steps"], load_file(tmp / "init" / "model.safetensors"))
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    report = {"recipe": recipe, "package": src["package"], "version": src["version"], "ran": theirs["versions"],
+              **given,
+              "overrides": [*REWARD, *overrides], "tolerance": TOL, "steps": per_step}
+    (REPORT_DIR / f"{recipe}.json").write_text(json.dumps(report, indent=1))
+    problems = failures(per_step) + vacuous(per_step, ours)
+    assert not problems, f"{recipe} against {src['package']} {src['version']}:\n" + "\n".join(problems)
+    return per_step

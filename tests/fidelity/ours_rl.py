@@ -1,0 +1,112 @@
+"""Our side of an RL fidelity check: run a recipe's real RL steps at ``scale=tiny`` and record what the source's step
+is then fed and compared on (docs/fidelity.md).
+
+    python -m tests.fidelity.ours_rl RECIPE OUT_DIR [override ...]
+
+Runs ``recipes.rl.setup`` and ``recipes.rl.rl_step`` unchanged; thin wrappers around the functions ``rl_step`` looks up
+by name record their inputs and outputs. ``OUT_DIR/init/`` gets the policy before the first step (``save_pretrained``,
+with the tokenizer: both sides load it) and ``OUT_DIR/ours.pt`` a record per RL step:
+
+- ``prompts``: each prompt of the step as the data gave it (``data.template`` applied), before the chat template;
+- ``input_ids [N, P+R]``, ``attention_mask``, ``response_mask [N, R]``, ``prompt_length``: the rollout;
+- ``scores [N]``: the shaped rewards the advantages were computed from; ``advantages [N, R]``;
+- ``order [N]``: the rows in the order the micro-batches take them (the mini-batch shuffle's draw);
+- ``micro``: per micro-batch its rows, the per-token log-probs ``[n, R]`` (with grad, detached), the loss;
+- ``grad_norm``, ``lr`` of each optimiser step, and ``weights``: the policy's state dict after the RL step.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from core.config.composition import compose
+from core.data.prompts import format_prompt
+from recipes import rl, rl_update
+
+# What every fidelity run sets: a single process on the CPU in fp32, no warm start (the checked step starts from the
+# saved initial policy either way), nothing logged but the record. ZeRO is left out of the comparison: one process
+# shards nothing, and TRL's, veRL's and OpenRLHF's step code run here without DeepSpeed too.
+RUN = ["scale=tiny", "device=cpu", "model.dtype=float32", "zero=none", "zero.offload_reference=false",
+       "zero.offload_optimizer=false", "zero.offload_param=false", "zero.communication_data_type=null",
+       "train.warm_start.enabled=false",
+       "logger.progress=false", "logger.tensorboard=false", "train.eval_prompts=1", "train.eval_every=0",
+       "train.total_steps=2"]
+
+
+def _record(run: rl.Run, steps: list[dict]):
+    """Wrap the names ``rl_step`` and ``update`` call so each RL step's inputs and outputs land in ``steps[-1]``."""
+    take, adv_fn = run.gen.take, rl.compute_advantages
+    order_fn, micro_fn, loss_fn, step_fn = (rl_update.epoch_order, rl_update.micro_step,
+                                            rl_update.compute_policy_loss, rl_update.engines_step)
+
+    def took(timer):
+        idx, roll, made_by = take(timer)
+        G = run.cfg.train.group_size  # the rows are group-major: G per prompt
+        prompts = [format_prompt(run.data.train_rows[i]["prompt"], run.cfg.data) for i in idx[::G]]
+        steps.append({"prompts": prompts, "input_ids": roll.input_ids.clone(),
+                      "attention_mask": roll.attention_mask.clone(), "response_mask": roll.response_mask.clone(),
+                      "prompt_length": roll.prompt_length, "micro": [], "grad_norm": [], "lr": []})
+        return idx, roll, made_by
+
+    def advantages(inp, cfg):
+        adv, ret = adv_fn(inp, cfg)
+        steps[-1].update(scores=inp.scores.detach().clone(), mask=inp.response_mask.clone(),
+                         advantages=adv.clone())
+        return adv, ret
+
+    def order(run_, n, epoch):
+        out = order_fn(run_, n, epoch)
+        steps[-1]["order"] = out.clone()
+        return out
+
+    def micro(run_, roll, sl, *args):
+        steps[-1]["micro"].append({"rows": sl.clone()})
+        m = micro_fn(run_, roll, sl, *args)
+        steps[-1]["micro"][-1]["loss"] = float(m["loss"])
+        return m
+
+    def loss(inp, *args, **kwargs):
+        steps[-1]["micro"][-1]["logprobs"] = inp.logprobs.detach().clone()
+        return loss_fn(inp, *args, **kwargs)
+
+    def stepped(run_):
+        out = step_fn(run_)
+        steps[-1]["grad_norm"].append(float(out["grad_norm"]))
+        steps[-1]["lr"].append(float(out["lr"]))
+        return out
+
+    run.gen.take = took
+    rl.compute_advantages, rl_update.epoch_order, rl_update.micro_step = advantages, order, micro
+    rl_update.compute_policy_loss, rl_update.engines_step = loss, stepped
+
+
+def main(recipe: str, out_dir: str, *overrides: str) -> None:
+    torch.set_num_threads(1)
+    out = Path(out_dir)
+    cfg = compose([f"recipe={recipe}", f"recipe_name={recipe}", f"paths.results_dir={out}/results", *RUN,
+                   *overrides])
+    run = rl.setup(cfg, tempfile.mkdtemp(dir=out, prefix="run_"))
+    run.engine.save_pretrained(out / "init", run.tokenizer)
+    steps: list[dict] = []
+    _record(run, steps)
+    for _ in range(run.plan.total_steps):
+        rl.rl_step(run)
+        run.step += 1
+        steps[-1]["weights"] = {k: v.detach().clone() for k, v in run.engine.module.state_dict().items()}
+    t = run.cfg.train  # the tiny scale's batch shape: the source runs the same one
+    meta = {"recipe": recipe, "group_size": t.group_size, "micro_batch_size": t.micro_batch_size,
+            "mini_batch_size": run.plan.mini_batch_per_rank, "grad_accum": run.plan.grad_accum,
+            "logprob_micro_batch_size": t.logprob_micro_batch_size, "max_new_tokens": run.cfg.rollout.max_new_tokens,
+            "temperature": run.cfg.rollout.temperature, "total_steps": run.plan.total_steps,
+            "optimizer_steps": run.plan.total_steps * run.plan.optimizer_steps_per_rl_step,
+            "pad_token_id": run.tokenizer.pad_token_id, "max_prompt_tokens": run.cfg.data.max_prompt_tokens}
+    torch.save({"meta": meta, "steps": steps}, out / "ours.pt")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit("usage: python -m tests.fidelity.ours_rl RECIPE OUT_DIR [override ...]")
+    main(*sys.argv[1:])

@@ -1,0 +1,58 @@
+"""The comparison of a fidelity check (tests/fidelity/compare.py) on synthetic records: identical steps pass, a
+difference beyond fp32 rounding in any compared quantity fails by name, and a step that moved nothing is vacuous."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from tests.fidelity.compare import diffs, failures, vacuous
+
+
+def _record(seed: int = 0) -> tuple[list[dict], dict]:
+    g = torch.Generator().manual_seed(seed)
+    init = {"w": torch.randn(4, 3, generator=g) * 0.05}
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])  # [N=2, R=3]
+    adv = torch.tensor([[0.7, 0.7, 0.0], [-0.7, -0.7, -0.7]])  # [N, R] masked
+    step = {"prompt_length": 2, "input_ids": torch.tensor([[5, 6, 7, 8, 0], [5, 6, 9, 9, 1]]),
+            "attention_mask": torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]), "mask": mask, "advantages": adv,
+            "micro": [{"rows": torch.tensor([0, 1]), "logprobs": -torch.rand(2, 3, generator=g), "loss": 0.25}],
+            "grad_norm": [0.5], "lr": [1e-5], "weights": {"w": init["w"] + 1e-5}}
+    return [step], init
+
+
+def _theirs(ours: list[dict]) -> list[dict]:
+    s = ours[0]
+    return [{"prompt_ids": s["input_ids"][:, :2].clone(), "completion_mask": s["mask"].clone(),
+             "advantages": s["advantages"][:, 0].clone(), "micro": copy.deepcopy(s["micro"]),
+             "grad_norm": list(s["grad_norm"]), "lr": list(s["lr"]),
+             "weights": {k: v.clone() for k, v in s["weights"].items()}}]
+
+
+def test_identical_steps_pass_and_are_not_vacuous():
+    ours, init = _record()
+    per_step = diffs(ours, _theirs(ours), init)
+    assert failures(per_step) == [] and vacuous(per_step, ours) == []
+    assert per_step[0]["update"] > 0
+
+
+def test_each_quantity_beyond_rounding_fails_by_name():
+    ours, init = _record()
+    cases = {"advantages": lambda t: t["advantages"].add_(1e-3),
+             "grad_norm": lambda t: t["grad_norm"].__setitem__(0, 0.6),
+             "lr": lambda t: t["lr"].__setitem__(0, 2e-5), "loss": lambda t: t["micro"][0].__setitem__("loss", 0.3),
+             "logprobs": lambda t: t["micro"][0]["logprobs"].sub_(1e-3),
+             "weights": lambda t: t["weights"]["w"].add_(5e-6), "prompt_ids": lambda t: t["prompt_ids"].add_(1),
+             "completion_mask": lambda t: t["completion_mask"].zero_()}
+    for name, change in cases.items():
+        theirs = _theirs(ours)
+        change(theirs[0])
+        assert [line.split()[2] for line in failures(diffs(ours, theirs, init))] == [name], name
+
+
+def test_a_step_that_moved_nothing_is_vacuous():
+    ours, init = _record()
+    ours[0]["weights"] = {k: v.clone() for k, v in init.items()}
+    ours[0]["advantages"] = torch.zeros_like(ours[0]["advantages"])
+    theirs = _theirs(ours)
+    assert vacuous(diffs(ours, theirs, init), ours) == ["no step changed the weights", "every advantage is 0"]

@@ -1,0 +1,28 @@
+"""Each recipe's RL steps against its source framework's own code (docs/fidelity.md): ``make fidelity``, or
+``pytest -m fidelity tests/fidelity`` once tests/fidelity/envs.sh has built the envs. Which source each recipe is
+checked against, and how, is tests/fidelity/sources.yaml."""
+from __future__ import annotations
+
+import pytest
+
+from core.paths import CONF_DIR
+from tests.fidelity.harness import SOURCES, check_rl
+
+# The driver that runs each package's step code in its env.
+DRIVERS = {"trl": "trl_grpo.py", "verl": "verl_grpo.py"}
+RL_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] in DRIVERS)
+
+
+def test_every_named_recipe_says_how_it_is_checked():
+    named = sorted(p.stem for p in CONF_DIR.glob("recipe/*.yaml") if not p.stem.startswith("tiny_"))
+    assert sorted(SOURCES) == named and len(named) == 14
+    for recipe, src in SOURCES.items():
+        assert src["check"] in ("step", "function"), recipe
+        assert (src["check"] == "step") == (src["package"] is not None), recipe
+
+
+@pytest.mark.fidelity
+@pytest.mark.parametrize("recipe", RL_STEP)
+def test_rl_steps_match_the_source(recipe, tmp_path):
+    per_step = check_rl(recipe, tmp_path, DRIVERS[SOURCES[recipe]["package"]])
+    assert len(per_step) == 2

@@ -1,0 +1,146 @@
+"""veRL's side of a SimpleRL-Zoo fidelity check, run in the veRL 0.2.0.post2 env (tests/fidelity/envs.sh verl).
+
+    python tests/fidelity/verl_grpo.py SOURCE_YAML OURS_DIR [GIVEN_JSON]   ({"deviations": {...}}: sources.yaml's)
+
+veRL's trainer needs Ray, FSDP and vLLM on GPUs; its step code does not. This drives that code as
+``RayPPOTrainer.fit`` and ``ActorRolloutRefWorker`` call it, on the initial policy our run saved (``OURS_DIR/init``)
+and our recorded completions and scores: ``DataParallelPPOActor.compute_log_prob`` for the old and reference
+log-probs, the reward manager's layout (the score on the last response token, naive.py), ``core_algos
+.compute_grpo_outcome_advantage`` with a group id per prompt, then ``DataParallelPPOActor.update_policy`` (its own
+mini-batch split, micro-batches, policy loss, entropy bonus, low_var_kl loss, accumulation and clipping) and the
+worker's scheduler step. The optimiser and scheduler are built as fsdp_workers.py ``_build_model_optimizer`` builds
+them (three lines; the worker itself needs FSDP on CUDA). Writes ``OURS_DIR/verl.pt`` (fields as in ours.pt).
+
+On the CPU: fp32 (the source computes in bf16 under FSDP mixed precision), ``TensorDict.cuda`` is the identity
+(``update_policy`` moves each micro-batch to CUDA), and the padded forward (``use_remove_padding`` False; the script's
+True packs the same tokens for flash-attn's varlen kernels).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+from transformers import AutoModelForCausalLM
+
+import verl
+from verl import DataProto
+from verl.trainer.ppo import core_algos
+from verl.utils.model import compute_position_id_with_mask
+from verl.utils.torch_functional import get_constant_schedule_with_warmup
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+TensorDict.cuda = lambda self, *a, **k: self  # no CUDA here: the batch stays on the CPU
+
+
+def actor_config(src: dict, meta: dict) -> tuple:
+    """The actor's and the reference's configs as fsdp_workers.py normalises them (mini-batch in responses per GPU,
+    micro-batch per GPU), with the tiny scale's batch shape."""
+    actor = OmegaConf.create({**src["actor"], "ppo_mini_batch_size": meta["mini_batch_size"],
+                              "ppo_micro_batch_size_per_gpu": meta["micro_batch_size"], "use_remove_padding": False})
+    ref = OmegaConf.create({"ulysses_sequence_parallel_size": 1, "use_remove_padding": False})
+    return actor, ref
+
+
+def load(path: Path, train: bool):
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="sdpa")
+    if train:  # fsdp_workers.py: enable_gradient_checkpointing
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.requires_grad_(False)
+    return model
+
+
+def batch(s: dict, meta: dict) -> DataProto:
+    """The rollout as veRL's batch: prompt and response ids, the attention mask over both, position ids from it."""
+    P = s["prompt_length"]
+    ids, am = s["input_ids"], s["attention_mask"]
+    return DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": am, "position_ids": compute_position_id_with_mask(am),
+                 "responses": ids[:, P:], "prompts": ids[:, :P]},
+        meta_info={"temperature": meta["temperature"], "micro_batch_size": meta["logprob_micro_batch_size"],
+                   "use_dynamic_bsz": False})
+
+
+def advantages(s: dict, meta: dict) -> torch.Tensor:
+    """The recorded scores through veRL's reward layout and its GRPO estimator (a uid per prompt, as fit draws)."""
+    mask = s["attention_mask"][:, s["prompt_length"]:]  # [N, R] veRL's response mask
+    rewards = torch.zeros(mask.shape, dtype=torch.float32)  # [N, R]
+    rows = torch.arange(mask.shape[0])
+    rewards[rows, mask.sum(-1) - 1] = s["scores"].float()  # naive.py: reward_tensor[i, valid_response_length - 1]
+    uid = np.array([f"p{i // meta['group_size']}" for i in range(mask.shape[0])], dtype=object)
+    adv, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, uid)  # [N, R]
+    return adv
+
+
+def instrument(actor: DataParallelPPOActor, scheduler, record: list[dict]) -> None:
+    """Record each micro-batch's log-probs (with grad) and loss, and the lr of each optimiser step."""
+    forward, step, backward = actor._forward_micro_batch, actor._optimizer_step, torch.Tensor.backward
+
+    def fwd(micro_batch, temperature):
+        entropy, logp = forward(micro_batch, temperature)
+        if torch.is_grad_enabled():
+            record[-1]["micro"].append({"logprobs": logp.detach().clone()})
+        return entropy, logp
+
+    def bwd(self, *args, **kwargs):  # update_policy's loss.backward(): loss = policy_loss / gradient_accumulation
+        record[-1]["micro"][-1]["loss"] = float(self) * actor.gradient_accumulation
+        return backward(self, *args, **kwargs)
+
+    def opt_step():
+        record[-1]["lr"].append(float(scheduler.get_last_lr()[0]))
+        return step()
+
+    actor._forward_micro_batch, actor._optimizer_step, torch.Tensor.backward = fwd, opt_step, bwd
+
+
+def schedule(optimizer, src: dict, meta: dict, deviations: dict):
+    """The worker's schedule (fsdp_workers.py): veRL's constant-with-warmup, stepped once per RL step. Its lr lambda
+    at step 0 is min(1, 0 / max(1, warmup)) = 0, so with warmup 0 the first RL step trains at lr 0 (SimpleRL-Zoo's fork
+    has the same torch_functional.py). ``deviations["first_step_lr"] == "ours"`` gives that step the full lr, as our
+    schedule does, to check the rest of the step apart from that known difference (docs/fidelity.md)."""
+    o = src["actor"]["optim"]
+    if deviations.get("first_step_lr") == "ours":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return get_constant_schedule_with_warmup(optimizer, int(o["lr_warmup_steps_ratio"] * meta["optimizer_steps"]))
+
+
+def main(source_yaml: str, ours_dir: str, given: str = "{}") -> None:
+    torch.set_num_threads(1)
+    ours_dir = Path(ours_dir)
+    rec = torch.load(ours_dir / "ours.pt", weights_only=False)
+    meta, ours = rec["meta"], rec["steps"]
+    src = yaml.safe_load(Path(source_yaml).read_text())
+    policy, reference = load(ours_dir / "init", True), load(ours_dir / "init", False)
+    o = src["actor"]["optim"]
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=o["lr"], betas=o.get("betas", (0.9, 0.999)),
+                                  weight_decay=o.get("weight_decay", 1e-2))
+    scheduler = schedule(optimizer, src, meta, json.loads(given).get("deviations", {}))
+    actor_cfg, ref_cfg = actor_config(src, meta)
+    actor, ref = DataParallelPPOActor(actor_cfg, policy, optimizer), DataParallelPPOActor(ref_cfg, reference)
+    record: list[dict] = []
+    instrument(actor, scheduler, record)
+    for s in ours:
+        data = batch(s, meta)
+        data.batch["old_log_probs"] = actor.compute_log_prob(data)
+        data.batch["ref_log_prob"] = ref.compute_log_prob(data)
+        data.batch["advantages"] = advantages(s, meta)
+        record.append({"advantages": data.batch["advantages"].clone(), "micro": [], "lr": []})
+        metrics = actor.update_policy(data)
+        scheduler.step()  # fsdp_workers.py update_actor: once per update_policy
+        record[-1]["grad_norm"] = [float(g) for g in metrics["actor/grad_norm"]]
+        record[-1]["weights"] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    versions = {"verl": verl.__version__, "torch": torch.__version__,
+                "transformers": sys.modules["transformers"].__version__}
+    torch.save({"versions": versions, "steps": record}, ours_dir / "verl.pt")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: python tests/fidelity/verl_grpo.py SOURCE_YAML OURS_DIR")
+    main(*sys.argv[1:])
