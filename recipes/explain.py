@@ -108,7 +108,8 @@ def explain(argv: list[str]) -> list[str]:
 
     overrides = [a for a in argv if a != COUNT_ROWS]
     prepared = prepare(overrides, launched=True, packages=False)  # explains anywhere: the gpu extra may be absent
-    return EXPLANATIONS.get(prepared.config.loop)(prepared, COUNT_ROWS in argv)
+    lines_of_loop = EXPLANATIONS.get(prepared.config.loop)(prepared, COUNT_ROWS in argv)
+    return lines_of_loop + _fidelity(prepared.config.recipe_name)
 
 
 @EXPLANATIONS.register("rl")
@@ -138,7 +139,7 @@ def explanation(prepared, rows: int | None, why: str = "", published: bool = Fal
         out += [f"  {flag}: {value}" for flag, value in view]
     for note in cfg.source.notes:
         out.append(f"note: {note}")
-    return out + _fidelity(cfg.recipe_name)
+    return out
 
 
 def _fidelity(recipe: str) -> list[str]:
