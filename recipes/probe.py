@@ -34,7 +34,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from core.errors import InputError, tool_main
-from core.planning.states import GiB, resident, state_parts
+from core.planning.states import GiB, prompt_tokens, resident, state_parts
 from core.registry import Registry
 # The probe's own settings over the recipe's: sdpa attention (flash-attn runs on CUDA only; same O(T) memory).
 PROBE_OVERRIDES = ["model.attn_implementation=sdpa"]
@@ -129,16 +129,13 @@ def configs_only(cfg):
     LoRA) runs as in a run."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from core.models.loading import _tiny_config, build_char_tokenizer
-    from core.models.shapes import local_config
+    from core.models.shapes import shape_config
 
     model_cfg, critic = cfg.model, cfg.get("advantage", {}).get("critic") or {}
     keys = {critic.get("init_from"): "advantage.critic.init_from"}  # which setting named a checkpoint, for errors
 
     def config_of(path: str):
-        if path != TINY:
-            return local_config(path, keys.get(path, "model.name_or_path"))
-        return _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))
+        return shape_config(model_cfg, "" if path == TINY else path, keys.get(path, "model.name_or_path"))
 
     def from_pretrained(cls, path, *args, output_loading_info=False, num_labels=None, **kwargs):
         config = config_of(str(path))
@@ -250,17 +247,6 @@ class ActivationPeak(MemTracker):
 
 
 # ----------------------------------------------------------------------------- the RL loop's phases
-def prompt_tokens(cfg) -> int:
-    """Max prompt tokens: ``data.max_prompt_tokens``, else vLLM's ``max_model_len`` minus the new tokens."""
-    if cfg.data.get("max_prompt_tokens"):
-        return int(cfg.data.max_prompt_tokens)
-    vllm = cfg.rollout.get("vllm")
-    if vllm is not None and vllm.max_model_len:
-        return int(vllm.max_model_len) - int(cfg.rollout.max_new_tokens)
-    raise InputError("data.max_prompt_tokens=null and rollout.vllm.max_model_len=null: the probe needs the longest "
-                     "prompt; set data.max_prompt_tokens")
-
-
 @PHASES.register("rl")
 def rl_phases(cfg, plan):
     """``logprobs`` and ``update`` of recipes/rl.py, each on fake rows of full length."""

@@ -3,7 +3,20 @@ frozen reference, the colocated vLLM reservation). ``recipes.probe`` adds each p
 ``recipes.plan`` (core/planning/memory.py) breaks it down further. One source for both."""
 from __future__ import annotations
 
+from core.errors import InputError
+
 GiB = 2 ** 30
+
+
+def prompt_tokens(cfg) -> int:
+    """Max prompt tokens: ``data.max_prompt_tokens``, else vLLM's ``max_model_len`` minus the new tokens."""
+    if cfg.data.get("max_prompt_tokens"):
+        return int(cfg.data.max_prompt_tokens)
+    vllm = cfg.rollout.get("vllm")
+    if vllm is not None and vllm.max_model_len:
+        return int(vllm.max_model_len) - int(cfg.rollout.max_new_tokens)
+    raise InputError("data.max_prompt_tokens=null and rollout.vllm.max_model_len=null: the probe needs the longest "
+                     "prompt; set data.max_prompt_tokens")
 
 
 def param_counts(model) -> tuple[int, int, int]:
