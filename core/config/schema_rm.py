@@ -60,6 +60,8 @@ class RMTrainConfig:
     epochs: int = ck(MISSING, POS)
     max_steps: Optional[int] = ck(MISSING, OPT_POS)
     max_len: int = ck(MISSING, POS)
+    # The mean tokens of a chosen or rejected sequence the planner assumes (core/planning/step_time.py); null: max_len
+    expected_len: Optional[int] = ck(None, OPT_POS)
     padding_side: str = ck(MISSING, one_of("left", "right"))
     head_init: str = ck(MISSING, registered("core.models.reward_model", "HEAD_INITS"))
     disable_dropout: bool = MISSING
