@@ -27,10 +27,11 @@ NCCL_PER_COMMUNICATOR = 256 * 2 ** 20
 FRAGMENTATION = 0.05
 # DeepSpeed's defaults when zero.options leaves them out (deepspeed/runtime/zero/config.py): elements.
 ZERO_BUCKET_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 50_000_000}
-# vLLM's own needs inside its reservation, where the config leaves them to vLLM (assumptions: its defaults vary by
-# version, GPU and entry point): the profile run's tokens and sequences, and CUDA graphs.
+# vLLM's own needs inside its reservation, where the config leaves them to vLLM: the profile run's tokens (vLLM's
+# max_num_batched_tokens default varies by version, GPU and entry point: 8192 assumed) and CUDA graphs (vLLM logs
+# "Graph capturing finished ... took 0.3-1 GiB" for 1.5-8B models; assumed). Its max_num_seqs default:
+# core/planning/step_time.py VLLM_SEQS.
 VLLM_PROFILE_TOKENS = 8192
-VLLM_PROFILE_SEQS = 256
 VLLM_CUDA_GRAPHS = 0.5 * GiB
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -131,16 +132,18 @@ def kv_cache(cfg, plan) -> dict | None:
     if cfg.loop != "rl" or engine not in ("vllm", "vllm_server"):
         return None
     from core.models.shapes import shape_config
+    from core.planning.model_figures import figures
     from core.planning.states import prompt_tokens
 
     v, tp, c = cfg.rollout.vllm, plan.layout.tp, shape_config(cfg.model)
-    dtype = DTYPE_BYTES[cfg.model.dtype if v.dtype == "auto" else v.dtype]
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * dtype  # whole model
+    dtype, fig = DTYPE_BYTES[cfg.model.dtype if v.dtype == "auto" else v.dtype], figures(c)
+    head_dim = fig.kv_dim // c.num_key_value_heads
+    per_token = 2 * c.num_hidden_layers * fig.kv_dim * dtype  # whole model: K and V of every layer
+    # per GPU: the KV heads split over the engine's TP ranks (each keeps at least one, replicated past the heads)
     per_token_gpu = 2 * c.num_hidden_layers * max(1, c.num_key_value_heads // tp) * head_dim * dtype
     reservation = int(float(v.gpu_memory_utilization) * float(cfg.hardware.memory_gib) * GiB)
-    weights = param_count(c) * dtype // tp
-    tokens, seqs = v.max_num_batched_tokens or VLLM_PROFILE_TOKENS, v.max_num_seqs or VLLM_PROFILE_SEQS
+    weights = fig.params * dtype // tp
+    tokens, seqs = v.max_num_batched_tokens or VLLM_PROFILE_TOKENS, max_num_seqs(cfg)
     # the profile forward's peak: residual and hidden states plus the MLP's gate/up and activation outputs of
     # every token, and the sampler's fp32 logits of each sequence's last token
     activations = tokens * (2 * c.hidden_size + 3 * c.intermediate_size // tp) * dtype + seqs * c.vocab_size * 4
@@ -155,11 +158,30 @@ def kv_cache(cfg, plan) -> dict | None:
             "sequences_wanted": min(-(-batch // plan.layout.engines), seqs)}
 
 
-def param_count(config) -> int:
-    """Parameters of a causal LM of ``config`` (tied weights once), built on the meta device: no memory, no data."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def max_num_seqs(cfg) -> int:
+    """vLLM's ``max_num_seqs``: the config's, else vLLM's default (V1: 1024 on GPUs of >= 70 GiB other than the A100,
+    else 256; core/planning/step_time.py ``VLLM_SEQS``)."""
+    from core.planning.step_time import VLLM_SEQS
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    hw = cfg.hardware
+    large = float(hw.memory_gib) >= 70 and "A100" not in str(hw.name)
+    return int(cfg.rollout.vllm.max_num_seqs or VLLM_SEQS["large" if large else "small"])
+
+
+def assumptions(cfg) -> list[list]:
+    """The memory side's assumptions as ``[name, value, where it comes from]`` (the time side adds its own)."""
+    out = [["memory.rows", "full length", "every probed micro-batch is the longest (prompt + max_new_tokens, or "
+                                          "train.max_len): the worst micro-step, what a run must survive"],
+           ["memory.attention", "flash (O(T))", "the probe runs sdpa's flash kernel without a T x T mask, as flash-attn"],
+           ["memory.cuda_context_gib", CUDA_CONTEXT / GiB, "per GPU process, nvidia-smi 0.5-1 GiB (midpoint)"],
+           ["memory.nccl_per_communicator_gib", NCCL_PER_COMMUNICATOR / GiB, "NCCL_BUFFSIZE 4 MiB x 2 x 32 channels"],
+           ["memory.fragmentation", FRAGMENTATION, "of the trainer's allocated peak (caching allocator)"],
+           ["memory.margin", MARGIN, "within this fraction of the card the plan is tight and knobs are ranked"]]
+    if cfg.loop == "rl" and cfg.rollout.engine in ("vllm", "vllm_server"):
+        out += [["vllm.accounting", "on top", "vLLM >= 0.22 (constraints/gpu.txt) reserves gpu_memory_utilization x "
+                                              "the card beside what the trainer holds (vLLM 0.6 counted it inside)"],
+                ["vllm.max_num_batched_tokens", cfg.rollout.vllm.max_num_batched_tokens or VLLM_PROFILE_TOKENS,
+                 "the config's, else assumed (vLLM's default varies)"],
+                ["vllm.max_num_seqs", max_num_seqs(cfg), "the config's, else vLLM's V1 default"],
+                ["vllm.cuda_graphs_gib", VLLM_CUDA_GRAPHS / GiB, "vLLM's capture log for 1.5-8B models (0.3-1 GiB)"]]
+    return out
