@@ -4,7 +4,8 @@ compared (``recipes.plan`` when a plan does not fit or is tight).
 Each knob is the sources' own advice for running out of memory (OpenRLHF issue #354's maintainer: max_len <= 4096,
 ZeRO-2/3, LoRA, gradient checkpointing, flash attention; TRL's and Open-R1's docs: a smaller per-device batch, fewer
 generations, DeepSpeed's CPU offload, a lower vLLM ``gpu_memory_utilization``), written as ``fn(cfg) -> overrides
-| None`` in :data:`KNOBS` (None: the recipe cannot take it, or already has it). Flash attention is not a knob: the probe already counts attention as a flash kernel does (O(T) memory).
+| None`` in :data:`KNOBS` (None: the recipe cannot take it, or already has it). Flash attention is not a knob: the
+probe already counts attention as a flash kernel does (O(T) memory).
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def _generations(cfg):
 
 
 def _vllm_memory(cfg):
-    """A colocated vLLM's reservation cut by a third (rounded down to 0.05): less KV cache, so fewer sequences at once."""
+    """A colocated vLLM's reservation cut by a third (rounded down to 0.05): less KV cache, fewer sequences at once."""
     if cfg.loop != "rl" or cfg.rollout.engine != "vllm":
         return None
     util = int(float(cfg.rollout.vllm.gpu_memory_utilization) * 2 / 3 * 20) / 20
@@ -86,8 +87,8 @@ def _vllm_memory(cfg):
 
 # (name, fn(cfg) -> the overrides of that knob for this recipe, or None where it does not apply); a fixed list, not
 # a registry: no config value picks a knob, the plan tries each
-KNOBS = (("shorter_lengths", _lengths), ("zero_stage", _zero), ("lora", _lora), ("gradient_checkpointing", _checkpointing),
-         ("micro_batch", _micro), ("logprob_micro_batch", _logprob_micro), ("offload_optimizer", _offload_optimizer),
+KNOBS = (("shorter_lengths", _lengths), ("zero_stage", _zero), ("lora", _lora),
+         ("gradient_checkpointing", _checkpointing), ("micro_batch", _micro), ("logprob_micro_batch", _logprob_micro), ("offload_optimizer", _offload_optimizer),
          ("offload_params", _offload_params), ("fewer_generations", _generations), ("vllm_memory", _vllm_memory))
 
 

@@ -39,11 +39,11 @@ ORDER = ("weights", "gradients", "optimizer", "lora", "critic", "reference", "ac
          "nccl", "zero_buckets", "fragmentation")
 
 
-def overhead(cfg, plan) -> list[tuple[str, int, str]]:
-    """``(name, bytes per GPU, why)`` of what the probe does not count and every phase carries: the CUDA context,
-    NCCL's buffers, DeepSpeed's communication buckets (allocated whole). Fragmentation depends on the phase
-    (:func:`phase_parts`)."""
-    comms = int(plan.world_size > 1) + int(plan.layout.tp > 1 and cfg.get("rollout", {}).get("engine") == "vllm")
+def overhead(cfg, plan, gpus: int) -> list[tuple[str, int, str]]:
+    """``(name, bytes per GPU, why)`` of what the probe does not count and every phase carries, for a model trained
+    over ``gpus`` GPUs: the CUDA context, NCCL's buffers, DeepSpeed's communication buckets (allocated whole).
+    Fragmentation depends on the phase (:func:`phase_parts`)."""
+    comms = int(gpus > 1) + int(plan.layout.tp > 1 and cfg.get("rollout", {}).get("engine") == "vllm")
     out = [("cuda_context", int(CUDA_CONTEXT), "one CUDA context per GPU process (torch + CUDA 12, lazy loading): "
                                                "0.5-1 GiB in nvidia-smi, the midpoint"),
            ("nccl", comms * NCCL_PER_COMMUNICATOR,
@@ -95,7 +95,7 @@ def phase_parts(cfg, plan, report: dict, name: str) -> dict[str, int]:
     parts["vllm"] = res["vllm_awake"] if generating else res["vllm_training"]
     assert sum(parts.values()) == phase["peak_bytes"], (name, parts, phase)
     trainer = phase["peak_bytes"] - parts["vllm"]
-    parts.update({k: v for k, v, _ in overhead(cfg, plan)})
+    parts.update({k: v for k, v, _ in overhead(cfg, plan, report["hardware"]["gpus"])})
     parts["fragmentation"] = 0 if generating else int(FRAGMENTATION * trainer)
     return {k: parts[k] for k in ORDER}
 
@@ -108,7 +108,7 @@ def breakdown(cfg, plan, report: dict) -> dict:
     phases = {n: phase_parts(cfg, plan, report, n) for n in report["phases"]}
     totals = {n: sum(p.values()) for n, p in phases.items()}
     peak = max(totals, key=totals.get)
-    kv = kv_cache(cfg, plan)
+    kv, extra = kv_cache(cfg, plan), overhead(cfg, plan, report["hardware"]["gpus"])
     per_gpu = totals[peak]
     verdict = "does not fit" if per_gpu > card else "tight" if per_gpu > (1 - MARGIN) * card else "fits"
     if kv is not None and kv["kv_bytes"] <= 0:
@@ -116,7 +116,7 @@ def breakdown(cfg, plan, report: dict) -> dict:
     return {"memory_bytes": card, "gpus": report["hardware"]["gpus"], "phases": phases, "totals": totals,
             "peak_phase": peak, "per_gpu_bytes": per_gpu, "verdict": verdict, "fits": verdict != "does not fit",
             "short_bytes": max(0, per_gpu - card), "headroom_bytes": max(0, card - per_gpu),
-            "overhead": [{"name": n, "bytes": b, "why": w} for n, b, w in overhead(cfg, plan)]
+            "overhead": [{"name": n, "bytes": b, "why": w} for n, b, w in extra]
             + [{"name": "fragmentation", "bytes": phases[peak]["fragmentation"],
                 "why": f"{FRAGMENTATION:.0%} of the trainer's allocated peak (caching allocator; assumed)"}],
             "kv_cache": kv}
