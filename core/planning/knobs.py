@@ -88,7 +88,8 @@ def _vllm_memory(cfg):
 # (name, fn(cfg) -> the overrides of that knob for this recipe, or None where it does not apply); a fixed list, not
 # a registry: no config value picks a knob, the plan tries each
 KNOBS = (("shorter_lengths", _lengths), ("zero_stage", _zero), ("lora", _lora),
-         ("gradient_checkpointing", _checkpointing), ("micro_batch", _micro), ("logprob_micro_batch", _logprob_micro), ("offload_optimizer", _offload_optimizer),
+         ("gradient_checkpointing", _checkpointing), ("micro_batch", _micro), ("logprob_micro_batch", _logprob_micro),
+         ("offload_optimizer", _offload_optimizer),
          ("offload_params", _offload_params), ("fewer_generations", _generations), ("vllm_memory", _vllm_memory))
 
 

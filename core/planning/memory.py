@@ -172,7 +172,7 @@ def assumptions(cfg) -> list[list]:
     """The memory side's assumptions as ``[name, value, where it comes from]`` (the time side adds its own)."""
     out = [["memory.rows", "full length", "every probed micro-batch is the longest (prompt + max_new_tokens, or "
                                           "train.max_len): the worst micro-step, what a run must survive"],
-           ["memory.attention", "flash (O(T))", "the probe runs sdpa's flash kernel without a T x T mask, as flash-attn"],
+           ["memory.attention", "flash (O(T))", "the probe runs sdpa's flash kernel, no T x T mask, as flash-attn"],
            ["memory.cuda_context_gib", CUDA_CONTEXT / GiB, "per GPU process, nvidia-smi 0.5-1 GiB (midpoint)"],
            ["memory.nccl_per_communicator_gib", NCCL_PER_COMMUNICATOR / GiB, "NCCL_BUFFSIZE 4 MiB x 2 x 32 channels"],
            ["memory.fragmentation", FRAGMENTATION, "of the trainer's allocated peak (caching allocator)"],

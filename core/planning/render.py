@@ -44,7 +44,7 @@ def _verdict(plan: dict) -> str:
     if mem["verdict"] == "does not fit":
         kv = mem["kv_cache"]
         if mem["short_bytes"] == 0 and kv is not None:
-            return f"verdict: does NOT fit: vLLM's reservation leaves {_gib(kv['kv_bytes'])} GiB for its KV cache ({where})"
+            return f"verdict: does NOT fit: vLLM's reservation leaves {_gib(kv['kv_bytes'])} GiB for KV cache ({where})"
         return f"verdict: does NOT fit, short by {_gib(mem['short_bytes'])} GiB ({where})"
     return f"verdict: {mem['verdict']}, {_gib(mem['headroom_bytes'])} GiB free ({where})"
 
