@@ -16,6 +16,7 @@ class PairDataConfig:
     path: Optional[str] = MISSING
     hub_name: Optional[str] = MISSING
     split: str = MISSING
+    published_rows: Optional[int] = ck(None, OPT_POS)  # source=hub: the train split's pairs as published (the planner)
     eval: str = ck(MISSING, one_of("holdout", "train_head", "source"))
     eval_fraction: float = ck(MISSING, between(0, 1, hi_open=True))
     eval_source: str = ck(MISSING, registered("core.data.preferences", "PAIR_SOURCES"))

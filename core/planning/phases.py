@@ -37,10 +37,12 @@ def rm_times(ctx: Context):
     L = int(cfg.train.expected_len or cfg.train.max_len)
     ctx.assume("train.expected_len", L, "the recipe's published mean pair length" if cfg.train.expected_len
                else "null: every sequence at train.max_len (no published mean length)")
-    ph = ctx.report["phases"]["rm_update"]
-    phases = {"update": plan.grad_accum * _pass_flops(ctx, ph, L) / ctx.hw.flops}
-    phases["zero_comm"], phases["offload"] = zero_traffic(ctx, micro_steps=plan.grad_accum, forward_passes=0,
-                                                          optimizer_steps=1, gpus=plan.world_size)
+    ph, gpus = ctx.report["phases"]["rm_update"], int(ctx.report["hardware"]["gpus"])
+    # every GPU of the profile trains (recipes/probe.py shard_gpus): each rank's micro-steps of an optimiser step
+    micro = ceil_div(plan.batch_size, plan.micro_batch_size * gpus)
+    phases = {"update": micro * _pass_flops(ctx, ph, L) / ctx.hw.flops}
+    phases["zero_comm"], phases["offload"] = zero_traffic(ctx, micro_steps=micro, forward_passes=0,
+                                                          optimizer_steps=1, gpus=gpus)
     return phases, set()
 
 
@@ -55,7 +57,7 @@ def prompt_len(ctx: Context) -> int:
 
 def response_len(ctx: Context) -> int:
     r = ctx.cfg.rollout
-    R = int(r.expected_new_tokens or r.max_new_tokens)
+    R = min(int(r.expected_new_tokens or r.max_new_tokens), int(r.max_new_tokens))  # scale=tiny caps the length
     ctx.assume("rollout.expected_new_tokens", R, "the recipe's published mean completion (its YAML cites it)"
                if r.expected_new_tokens else "null: every completion runs to rollout.max_new_tokens")
     return R

@@ -77,8 +77,10 @@ class Hw:
     name: str
 
     def link(self, gpus: int) -> float:
-        """The bandwidth a collective over ``gpus`` GPUs runs at: the slower network once it spans nodes."""
-        return self.intra if gpus <= self.gpus_per_node else min(self.intra, self.inter)
+        """The bus bandwidth a ring collective over ``gpus`` GPUs runs at: the intra-node link, and once it spans
+        nodes, at most a node's NICs together (NCCL lays one ring channel per NIC, each carrying its share of the
+        tensor across the node boundary; nccl-tests' ``busbw``)."""
+        return self.intra if gpus <= self.gpus_per_node else min(self.intra, self.inter * self.gpus_per_node)
 
 
 def hardware(hw_cfg, eff: dict[str, float]) -> Hw:
