@@ -168,6 +168,9 @@ class ServerConfig:
 class RolloutConfig:
     engine: str = ck(MISSING, registered("core.rollout", "ROLLOUT_ENGINES"))
     max_new_tokens: int = ck(MISSING, POS)
+    # The mean completion the planner assumes (core/planning/step_time.py; a recipe sets its source's published
+    # figure, cited); null: every completion runs to max_new_tokens. Generation is not capped by it.
+    expected_new_tokens: Optional[int] = ck(None, OPT_POS)
     temperature: float = ck(MISSING, above(0))  # greedy rollouts are asked for by name: ``greedy``
     greedy: bool = MISSING
     top_p: float = ck(MISSING, lambda v: None if 0 < v <= 1 else "a number in (0, 1]")
@@ -424,6 +427,14 @@ class HardwareConfig:
     memory_gib: float = ck(MISSING, above(0))  # the card's total, as nvidia-smi reports it
     nodes: int = ck(MISSING, POS)
     gpus_per_node: int = ck(MISSING, POS)
+    # The vendor's datasheet figures, per GPU and per direction (core/planning/step_time.py reads them; each YAML
+    # cites its datasheet): dense bf16 tensor FLOP/s, memory bandwidth, the GPU-to-GPU link inside a node (NVLink,
+    # else PCIe), the network out of a node per GPU, and the host link (CPU offload).
+    bf16_tflops: float = ck(MISSING, above(0))
+    memory_gbps: float = ck(MISSING, above(0))
+    intra_node_gbps: float = ck(MISSING, above(0))
+    inter_node_gbps: float = ck(MISSING, above(0))
+    host_gbps: float = ck(MISSING, above(0))
 
 
 # group/name under ``schema/`` -> dataclass; a group YAML names one in its defaults list.

@@ -21,6 +21,7 @@ class PairDataConfig:
     path: Optional[str] = MISSING
     hub_name: Optional[str] = MISSING
     split: str = MISSING
+    published_rows: Optional[int] = ck(None, OPT_POS)  # source=hub: the train split's pairs as published (the planner)
     eval: str = ck(MISSING, one_of("holdout", "train_head", "source"))
     eval_fraction: float = ck(MISSING, between(0, 1, hi_open=True))
     eval_source: str = ck(MISSING, registered("core.data.preferences", "PAIR_SOURCES"))
@@ -69,6 +70,8 @@ class RMTrainConfig:
     epochs: int = ck(MISSING, POS)
     max_steps: Optional[int] = ck(MISSING, OPT_POS)
     max_len: int = ck(MISSING, POS)
+    # The mean tokens of a chosen or rejected sequence the planner assumes (core/planning/step_time.py); null: max_len
+    expected_len: Optional[int] = ck(None, OPT_POS)
     padding_side: str = ck(MISSING, one_of("left", "right"))
     head_init: str = ck(MISSING, registered("core.models.reward_model", "HEAD_INITS"))
     disable_dropout: bool = MISSING

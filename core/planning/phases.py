@@ -1,0 +1,190 @@
+"""Seconds per phase of one step, per loop (core/planning/step_time.py ``estimate``): each returns ``(phases,
+overlapped)``, the names in ``overlapped`` running beside the others (a step takes the longer of the two sums)."""
+from __future__ import annotations
+
+from core.planning.step_time import (CPU_ADAM_PARAMS_PER_S, VERIFY_SECONDS, VLLM_SEQS, Context, ceil_div,
+                                     flop_scale, ring)
+from core.registry import Registry
+
+# loop -> fn(Context) -> (dict phase -> seconds, set of overlapped phases)
+PHASE_TIMES: Registry = Registry("loop")
+
+
+@PHASE_TIMES.register("rl")
+def rl_times(ctx: Context):
+    cfg, plan = ctx.cfg, ctx.plan
+    P, R, R_cap = prompt_len(ctx), response_len(ctx), int(cfg.rollout.max_new_tokens)
+    ranks = plan.world_size
+    lp, up = ctx.report["phases"]["logprobs"], ctx.report["phases"]["update"]
+    lp_micro = ceil_div(plan.samples_per_rank, plan.logprob_micro_batch_size)
+    up_micro = plan.samples_per_rank // plan.micro_batch_size * plan.ppo_epochs
+    phases = {"generate": generate_seconds(ctx, P, R, R_cap),
+              "score": plan.samples_per_rank * VERIFY_SECONDS[0],
+              "logprobs": lp_micro * _pass_flops(ctx, lp, P + R) / ctx.hw.flops,
+              "update": up_micro * _pass_flops(ctx, up, P + R) / ctx.hw.flops}
+    ctx.assume("verify_seconds", VERIFY_SECONDS[0], VERIFY_SECONDS[1])
+    comm, host = zero_traffic(ctx, micro_steps=up_micro, forward_passes=lp_micro * _frozen_forwards(ctx),
+                              optimizer_steps=plan.optimizer_steps_per_step, gpus=ranks)
+    phases["zero_comm"], phases["offload"] = comm, host
+    phases["weight_sync"] = weight_sync_seconds(ctx)
+    overlapped = {"generate"} if int(cfg.rollout.generate_ahead) else set()
+    return phases, overlapped
+
+
+@PHASE_TIMES.register("rm")
+def rm_times(ctx: Context):
+    cfg, plan = ctx.cfg, ctx.plan
+    L = int(cfg.train.expected_len or cfg.train.max_len)
+    ctx.assume("train.expected_len", L, "the recipe's published mean pair length" if cfg.train.expected_len
+               else "null: every sequence at train.max_len (no published mean length)")
+    ph, gpus = ctx.report["phases"]["rm_update"], int(ctx.report["hardware"]["gpus"])
+    # every GPU of the profile trains (recipes/probe.py shard_gpus): each rank's micro-steps of an optimiser step
+    micro = ceil_div(plan.batch_size, plan.micro_batch_size * gpus)
+    phases = {"update": micro * _pass_flops(ctx, ph, L) / ctx.hw.flops}
+    phases["zero_comm"], phases["offload"] = zero_traffic(ctx, micro_steps=micro, forward_passes=0,
+                                                          optimizer_steps=1, gpus=gpus)
+    return phases, set()
+
+
+def prompt_len(ctx: Context) -> int:
+    from recipes.probe import prompt_tokens
+
+    P = prompt_tokens(ctx.cfg)
+    ctx.assume("prompt_tokens", P, "the prompt cap (data.max_prompt_tokens or vLLM's max_model_len - max_new_tokens): "
+               "no recipe's source publishes its mean prompt")
+    return P
+
+
+def response_len(ctx: Context) -> int:
+    r = ctx.cfg.rollout
+    R = min(int(r.expected_new_tokens or r.max_new_tokens), int(r.max_new_tokens))  # scale=tiny caps the length
+    ctx.assume("rollout.expected_new_tokens", R, "the recipe's published mean completion (its YAML cites it)"
+               if r.expected_new_tokens else "null: every completion runs to rollout.max_new_tokens")
+    return R
+
+
+def _pass_flops(ctx: Context, phase: dict, tokens: int) -> float:
+    """The probe's FLOPs of one micro-step, its rows at ``tokens`` tokens instead of full length."""
+    return phase["flops"] * flop_scale(ctx.policy, phase["tokens_per_row"], tokens)
+
+
+def _frozen_forwards(ctx: Context) -> int:
+    """Sharded forwards per log-prob micro-step that gather weights: the old policy, the reference, the critic."""
+    return sum(1 for m in ctx.plan.models if m.zero_stage == 3) if ctx.plan.models else 0
+
+
+# ----------------------------------------------------------------------------- generation
+def generate_seconds(ctx: Context, P: int, R: int, R_cap: int) -> float:
+    """One step's rollout on one engine (the engines split the step's completions evenly): prefill at compute,
+    then decode iterations bound by reading the weights and the running KV caches, or by compute."""
+    cfg, plan, hw, fig = ctx.cfg, ctx.plan, ctx.hw, ctx.policy
+    engine = str(cfg.rollout.engine)
+    tp = plan.layout.tp if engine != "hf" else 1
+    engines = plan.layout.engines if engine != "hf" else plan.world_size
+    n = ceil_div(plan.samples_per_step, engines)
+    prompts = n / plan.group_size if engine != "hf" and _prefix_cache(cfg) else n
+    prefill = prompts * P * fig.forward_flops(P / 2) / (tp * hw.flops)
+    slots = _concurrency(ctx, n, P + R, tp)
+    # continuous batching refills a finished slot; HF generate runs a wave to its longest completion
+    iters = max(R_cap, ceil_div(n * R, slots)) if engine != "hf" else ceil_div(n, slots) * R_cap
+    weights = iters * fig.weight_bytes / (tp * hw.mem)
+    kv = n * R * (P + R / 2) * fig.kv_bytes_per_token / (tp * hw.mem)
+    compute = n * R * fig.forward_flops(P + R / 2) / (tp * hw.flops)
+    gather = 0.0
+    if engine == "hf" and int(cfg.zero.stage) == 3 and plan.world_size > 1:
+        # ZeRO-3: the whole model gathered once (TRL ds3_gather_for_generation), else every layer at every token
+        times = 1 if cfg.rollout.gather_for_generation else iters
+        gather = times * ring(fig.weight_bytes, plan.world_size) / hw.link(plan.world_size)
+        gather += times * fig.weight_bytes / plan.world_size / hw.host if cfg.zero.offload_param else 0.0
+    ctx.assume("generation", f"{engines} engine(s) x TP {tp}, {n} completions each, {slots} at a time, {iters} "
+               f"decode iterations", "the layout, rollout.engine and the KV cache left by the vLLM reservation")
+    return prefill + max(weights + kv, compute) + gather
+
+
+def _prefix_cache(cfg) -> bool:
+    v = cfg.rollout.get("vllm")
+    return bool(v is not None and v.enable_prefix_caching)
+
+
+def _concurrency(ctx: Context, n: int, seq_tokens: int, tp: int) -> int:
+    """Sequences decoded at once: vLLM's ``max_num_seqs`` and what its KV cache holds at ``seq_tokens`` each; HF
+    ``generate``: ``rollout.generation_batch_size`` (0: every completion of the rank at once)."""
+    cfg, hw, fig = ctx.cfg, ctx.hw, ctx.policy
+    if str(cfg.rollout.engine) == "hf":
+        per_rank = int(cfg.rollout.generation_batch_size) // ctx.plan.world_size
+        return max(1, min(n, per_rank or n))
+    v = cfg.rollout.vllm
+    seqs = int(v.max_num_seqs or VLLM_SEQS["large" if hw.memory_bytes >= 70 * 2 ** 30 and "A100" not in hw.name
+                                          else "small"])
+    cache = tp * float(v.gpu_memory_utilization) * hw.memory_bytes - fig.weight_bytes
+    fits = int(cache // (seq_tokens * fig.kv_bytes_per_token)) if cache > 0 else 1
+    return max(1, min(n, seqs, fits))
+
+
+# ----------------------------------------------------------------------------- ZeRO, offload, weight sync
+def zero_traffic(ctx: Context, micro_steps: int, forward_passes: int, optimizer_steps: int, gpus: int):
+    """``(collective seconds, host seconds)`` of one step's ``micro_steps`` forward-backward micro-steps,
+    ``forward_passes`` sharded no-grad forwards and ``optimizer_steps`` optimiser steps on one rank."""
+    cfg, hw, fig = ctx.cfg, ctx.hw, ctx.policy
+    z, link = cfg.zero, hw.link(gpus)
+    stage, trainable = int(z.stage), _trainable_bytes(ctx)
+    grad_bytes = trainable * (2 if z.get("communication_data_type") in (None, "bf16", "fp16") else 1)
+    if stage == 3:
+        gathers = micro_steps * (2 + bool(cfg.model.gradient_checkpointing)) + forward_passes
+        comm = (gathers * ring(fig.weight_bytes, gpus) + micro_steps * ring(grad_bytes, gpus)) / link
+    elif stage in (1, 2):
+        gathers = 0
+        comm = (micro_steps * ring(grad_bytes, gpus) + optimizer_steps * ring(trainable, gpus)) / link
+    else:
+        gathers = 0
+        comm = optimizer_steps * 2 * ring(grad_bytes, gpus) / link
+    host = 0.0
+    if z.get("offload_optimizer"):
+        shard = trainable / 2 / gpus  # trainable parameters per rank
+        host += optimizer_steps * (shard * (2 + 2) / hw.host + shard / CPU_ADAM_PARAMS_PER_S[0])
+        ctx.assume("cpu_adam_params_per_s", CPU_ADAM_PARAMS_PER_S[0], CPU_ADAM_PARAMS_PER_S[1])
+    if z.get("offload_param") and stage == 3:
+        host += gathers * fig.weight_bytes / gpus / hw.host
+    return comm, host
+
+
+def _trainable_bytes(ctx: Context) -> float:
+    """bf16 bytes of the trained parameters: the policy's (LoRA: the probe's trainable count), and the critic's."""
+    lora = ctx.cfg.train.get("lora") if ctx.cfg.loop == "rm" else None
+    if lora is not None and int(lora.rank) > 0:
+        return 2.0 * ctx.report.get("trainable_params", _lora_params(ctx, int(lora.rank)))
+    critic = ctx.cfg.get("advantage", {}).get("critic") if ctx.cfg.loop == "rl" else None
+    extra = 0
+    if critic is not None:
+        from core.planning.model_figures import model_config, figures
+
+        extra = figures(model_config(ctx.cfg.model, critic.init_from)).params if critic.init_from else \
+            ctx.policy.params
+    return 2.0 * (ctx.policy.params + extra)
+
+
+def _lora_params(ctx: Context, rank: int) -> int:
+    """LoRA adapters of rank ``rank`` on every linear layer (all-linear): ``rank x (in + out)`` per matrix."""
+    fig = ctx.policy
+    from core.planning.model_figures import model_config
+
+    c = model_config(ctx.cfg.model)
+    h, inter = c.hidden_size, c.intermediate_size
+    per_layer = rank * ((h + fig.attn_dim) * 2 + (h + fig.kv_dim) * 2 + 3 * (h + inter))
+    return fig.layers * per_layer
+
+
+def weight_sync_seconds(ctx: Context) -> float:
+    """The policy's weights to vLLM once per step: a ZeRO-3 gather, then a copy on the GPU (colocated) or a
+    broadcast from rank 0 to the engines' GPUs over the link between them (dedicated)."""
+    cfg, plan, hw, fig = ctx.cfg, ctx.plan, ctx.hw, ctx.policy
+    if str(cfg.rollout.engine) == "hf":
+        return 0.0
+    gpus = plan.world_size
+    seconds = ring(fig.weight_bytes, gpus) / hw.link(gpus) if int(cfg.zero.stage) == 3 else 0.0
+    if plan.layout.mode == "dedicated":
+        across = plan.layout.nodes > 1
+        seconds += fig.weight_bytes / (hw.inter if across else hw.intra)
+    else:
+        seconds += 2 * fig.weight_bytes / plan.layout.tp / hw.mem  # read and write into vLLM's copy
+    return seconds

@@ -1,0 +1,168 @@
+"""Time per step and per run of a recipe on a hardware profile (``python -m recipes.plan``), from its prepared config,
+its plan (core/config/plan.py) and the probe's report (recipes/probe.py ``probe()``: FLOPs of one micro-step per phase
+at full length).
+
+Each phase is a roofline: compute at the GPU's datasheet bf16 FLOP/s times a model-FLOP utilisation, memory traffic
+at its datasheet bandwidth times a utilisation, collectives over the link they cross times a utilisation
+(:data:`EFFICIENCY`, the only tuned figures, global, overridable). Per step, per learner rank:
+
+- ``generate``: prefill at compute; decode per iteration reads the weights once plus every running sequence's KV
+  cache, or computes, whichever binds (vLLM's continuous batching refills finished slots; HF ``generate`` runs waves
+  to the longest completion); completions of ``rollout.expected_new_tokens`` (a recipe's published mean, else the cap);
+- ``score``: the verifier on the rank's completions (:data:`VERIFY_SECONDS`);
+- ``logprobs`` and ``update``: the probe's FLOPs per micro-step (recompute included when checkpointing: the probe
+  runs it), scaled from full length to the expected lengths with the attention term taken causal;
+- ``zero_comm``: ZeRO's collectives, ring volumes ``(g-1)/g`` of the tensor per GPU: stage 3 all-gathers the weights
+  for every forward, backward and recompute and reduce-scatters gradients every micro-step; stages 1-2
+  reduce-scatter gradients every micro-step and all-gather the updated weights per optimiser step; DDP all-reduces
+  once per optimiser step;
+- ``weight_sync``: the policy's weights to vLLM once per step (gathered first under ZeRO-3);
+- ``offload``: ZeRO-Offload's host traffic (gradients out, weights back, parameters fetched per gather) and
+  DeepSpeed's CPU Adam (:data:`CPU_ADAM_PARAMS_PER_S`).
+
+A step is the sum, except with ``rollout.generate_ahead=1`` (Open-Instruct's async mode), where generation of the next
+batch overlaps the rest. The run is ``plan.total_steps`` steps, or the plan for the data's published rows
+(``data.published_rows``). Every assumption is returned with its value and source.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from core.planning.model_figures import ModelFigures, figures, model_config
+
+# name -> (value, where it comes from): the planner's only tuned figures, the same for every recipe and GPU.
+EFFICIENCY: dict[str, tuple[float, str]] = {
+    "mfu": (0.40, "model-FLOP utilisation of bf16 training and prefill; PaLM (Chowdhery et al. 2022, Table 3) "
+                  "reports 46% for PaLM and 30% for Megatron-Turing NLG; DeepSpeed ZeRO-3 runs near the lower end"),
+    "hbm": (0.60, "fraction of the datasheet memory bandwidth a decode step reaches (paged-attention kernels and "
+                  "weight reads; an engineering figure, not measured here)"),
+    "link": (0.70, "fraction of a link's datasheet bandwidth NCCL's ring collectives reach (nccl-tests bus bandwidth "
+                   "over the link's peak; an engineering figure, not measured here)"),
+    "host": (0.50, "fraction of the PCIe datasheet bandwidth ZeRO-Offload's pinned copies reach (an engineering "
+                   "figure, not measured here)"),
+}
+VERIFY_SECONDS = (0.01, "CPU seconds to verify one completion, per learner rank's process (math-verify parse + "
+                        "verify of a ~1k-token answer, order of magnitude; the demo's tiny ones take 0.2 ms)")
+CPU_ADAM_PARAMS_PER_S = (1e9, "parameters per second DeepSpeed's CPU Adam updates per rank (order of magnitude of "
+                              "ZeRO-Offload, Ren et al. 2021, §6; not measured here)")
+# vLLM's default max_num_seqs (vllm/engine/arg_utils.py _set_default_args_v1, V1 engine): 1024 on GPUs of >= 70 GiB
+# other than the A100, else 256
+VLLM_SEQS = {"large": 1024, "small": 256}
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per step by phase, the step, the run's steps and hours (None when the steps are unknown), and every
+    assumption as ``(name, value, where it comes from)``."""
+
+    phases: dict[str, float]
+    step_seconds: float
+    steps: int | None
+    run_hours: float | None
+    assumptions: list[tuple[str, object, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Hw:
+    """A hardware profile in SI units per GPU, the efficiencies applied."""
+
+    flops: float  # effective FLOP/s
+    mem: float  # effective memory bytes/s
+    intra: float  # effective link bytes/s inside a node
+    inter: float  # effective network bytes/s per GPU out of a node
+    host: float  # effective host-link bytes/s
+    memory_bytes: float
+    gpus_per_node: int
+    name: str
+
+    def link(self, gpus: int) -> float:
+        """The bus bandwidth a ring collective over ``gpus`` GPUs runs at: the intra-node link, and once it spans
+        nodes, at most a node's NICs together (NCCL lays one ring channel per NIC, each carrying its share of the
+        tensor across the node boundary; nccl-tests' ``busbw``)."""
+        return self.intra if gpus <= self.gpus_per_node else min(self.intra, self.inter * self.gpus_per_node)
+
+
+def hardware(hw_cfg, eff: dict[str, float]) -> Hw:
+    return Hw(flops=float(hw_cfg.bf16_tflops) * 1e12 * eff["mfu"], mem=float(hw_cfg.memory_gbps) * 1e9 * eff["hbm"],
+              intra=float(hw_cfg.intra_node_gbps) * 1e9 * eff["link"],
+              inter=float(hw_cfg.inter_node_gbps) * 1e9 * eff["link"], host=float(hw_cfg.host_gbps) * 1e9 * eff["host"],
+              memory_bytes=float(hw_cfg.memory_gib) * 2 ** 30, gpus_per_node=int(hw_cfg.gpus_per_node),
+              name=str(hw_cfg.name))
+
+
+def efficiencies(overrides: dict[str, float] | None = None) -> dict[str, float]:
+    """:data:`EFFICIENCY`'s values with ``overrides`` (a name it does not hold is refused)."""
+    from core.errors import InputError
+
+    bad = sorted(set(overrides or {}) - set(EFFICIENCY))
+    if bad:
+        raise InputError(f"efficiency {', '.join(bad)}: no such efficiency; known: {', '.join(EFFICIENCY)}")
+    out = {k: v for k, (v, _) in EFFICIENCY.items()}
+    for k, v in (overrides or {}).items():
+        if not 0 < float(v) <= 1:
+            raise InputError(f"efficiency {k}={v}: expected a fraction in (0, 1]")
+        out[k] = float(v)
+    return out
+
+
+def estimate(cfg, plan, report: dict, efficiency: dict[str, float] | None = None) -> StepTime:
+    """The step time of ``cfg`` (prepared), ``plan`` (its derived plan) and ``report`` (the probe's) on
+    ``cfg.hardware``; ``efficiency`` overrides :data:`EFFICIENCY`'s values by name."""
+    from core.planning.phases import PHASE_TIMES
+
+    eff = efficiencies(efficiency)
+    ctx = Context(cfg=cfg, plan=plan, report=report, hw=hardware(cfg.hardware, eff),
+                  policy=figures(model_config(cfg.model)))
+    ctx.assume("hardware", f"{ctx.hw.name}: {cfg.hardware.bf16_tflops} TFLOP/s bf16, {cfg.hardware.memory_gbps} GB/s "
+               f"memory, links {cfg.hardware.intra_node_gbps} / {cfg.hardware.inter_node_gbps} / "
+               f"{cfg.hardware.host_gbps} GB/s (intra-node, inter-node, host)", f"conf/hardware (datasheets)")
+    for k, (_, why) in EFFICIENCY.items():
+        ctx.assume(f"efficiency.{k}", eff[k], why if efficiency is None or k not in efficiency else "given")
+    phases, overlapped = PHASE_TIMES.get(cfg.loop)(ctx)
+    step = sum(v for k, v in phases.items() if k not in overlapped)
+    if overlapped:
+        step = max(step, sum(phases[k] for k in overlapped))
+    steps = run_steps(ctx)
+    return StepTime(phases=phases, step_seconds=step, steps=steps,
+                    run_hours=None if steps is None else steps * step / 3600, assumptions=ctx.assumptions)
+
+
+@dataclass
+class Context:
+    """What every phase reads, and the assumptions they add."""
+
+    cfg: object
+    plan: object
+    report: dict
+    hw: Hw
+    policy: ModelFigures
+    assumptions: list = field(default_factory=list)
+
+    def assume(self, name: str, value, source: str) -> None:
+        self.assumptions.append((name, value, source))
+
+
+def run_steps(ctx: Context) -> int | None:
+    """The run's steps: the plan's, else the plan for the data's published row count (before any filter)."""
+    plan, rows = ctx.plan, ctx.cfg.data.get("published_rows")
+    if plan.total_steps is None and rows:
+        ctx.assume("data.published_rows", int(rows), "the dataset card's train rows (conf/data; filters not applied)")
+        return plan.for_rows(int(rows)).total_steps
+    return plan.total_steps
+
+
+def flop_scale(fig: ModelFigures, probed: float, expected: float) -> float:
+    """FLOPs of a row of ``expected`` tokens over those of the probe's ``probed``-token row: the probe counts the
+    attention's full ``T x T`` square (torch's sdpa formula); flash kernels compute the causal half."""
+    per_token = lambda t, att: 2.0 * fig.matmul_params + att * 4.0 * fig.layers * fig.attn_dim * t  # noqa: E731
+    return expected * per_token(expected, 0.5) / (probed * per_token(probed, 1.0))
+
+
+def ring(bytes_: float, gpus: int) -> float:
+    """Bytes each GPU sends in a ring all-gather or reduce-scatter of a ``bytes_`` tensor over ``gpus`` GPUs."""
+    return bytes_ * (gpus - 1) / gpus if gpus > 1 else 0.0
+
+
+def ceil_div(a: float, b: float) -> int:
+    return int(math.ceil(a / b))
