@@ -14,7 +14,7 @@ C ?= constraints/gpu.txt
 
 .DEFAULT_GOAL := help
 .PHONY: help venv demo test test-slow test-gpu test-all test-min test-constraints check-gpu-constraints bench gpu-smoke \
-        probe compare clean
+        probe plan compare clean
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-22s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ RECIPES ?= $(filter-out tiny_%,$(basename $(notdir $(wildcard conf/recipe/*.yaml
 
 probe: $(STAMP) ## Per-GPU memory and FLOPs of each named recipe at its real shapes on its source's GPUs, on this CPU
 	@for r in $(RECIPES); do $(BIN)/python -m recipes.probe recipe=$$r || exit 1; echo; done
+
+plan: $(STAMP) ## Each named recipe on its source's GPUs: memory per GPU broken down, verdict, knobs, time per step and run
+	@for r in $(RECIPES); do $(BIN)/python -m recipes.plan recipe=$$r || exit 1; echo; done
 
 compare: $(STAMP) ## Print the results table of finished runs as markdown
 	$(BIN)/python -m recipes.compare

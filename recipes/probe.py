@@ -17,8 +17,9 @@ whose ``from_pretrained`` builds from the local config instead of reading weight
 dtype, gradient checkpointing, dropout and LoRA are what a run gets. Attention is ``sdpa`` (flash-attn needs CUDA);
 its flash kernel keeps O(T) memory per layer as flash-attn does. ``MemTracker``
 (``torch.distributed._tools.mem_tracker``) records the peak of activations and temporaries; ``FlopCounterMode``
-counts FLOPs. Model states are ZeRO-sharded per GPU by DeepSpeed's own estimators (:func:`model_states`), and the
-frozen reference, the critic and the colocated vLLM reservation are added per GPU (:func:`resident`).
+counts FLOPs. Model states are ZeRO-sharded per GPU by DeepSpeed's own estimators, and the frozen reference, the
+critic and the colocated vLLM reservation are added per GPU (core/planning/states.py ``resident``: one source for
+the probe and ``recipes.plan``).
 """
 from __future__ import annotations
 
@@ -33,9 +34,8 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from core.errors import InputError, tool_main
+from core.planning.states import GiB, prompt_tokens, resident, state_parts
 from core.registry import Registry
-
-GiB = 2 ** 30
 # The probe's own settings over the recipe's: sdpa attention (flash-attn runs on CUDA only; same O(T) memory).
 PROBE_OVERRIDES = ["model.attn_implementation=sdpa"]
 
@@ -56,10 +56,14 @@ PHASES: Registry = Registry("loop")
 def probe(overrides: list[str], fake: bool = True) -> dict:
     """The report of ``overrides`` (a recipe and any keys): phases, resident memory per GPU, total, fit.
     ``fake=False`` runs the same code on real tensors (a tiny model: the tests hold the fake figures to it)."""
+    return probe_prepared(prepared_config(overrides), fake)
+
+
+def probe_prepared(prepared, fake: bool = True) -> dict:
+    """:func:`probe` of a config :func:`prepared_config` prepared already (``recipes.plan`` checks it first)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    prepared = prepared_config(overrides)
     cfg = prepared.config
     hw, gpus = cfg.hardware, shard_gpus(cfg)
     start = time.perf_counter()
@@ -78,6 +82,10 @@ def probe(overrides: list[str], fake: bool = True) -> dict:
     return {"recipe": cfg.recipe_name, "hardware": {"name": hw.name, "memory_gib": float(hw.memory_gib),
                                                     "gpus": gpus, "nodes": int(hw.nodes)},
             "model": cfg.model.name_or_path, "phases": per_phase, "resident_bytes": res,
+            # the trained models' states split (weights, gradients, optimiser, frozen): they sum to model_states
+            # and critic_states (core/planning/states.py)
+            "state_parts": {role: state_parts(m, cfg.zero, gpus) for role, m in models.items()
+                            if m is not None and role != "reference"},
             "per_gpu_bytes": per_gpu, "fits": per_gpu <= float(hw.memory_gib) * GiB,
             "probe_seconds": round(time.perf_counter() - start, 1)}
 
@@ -121,16 +129,13 @@ def configs_only(cfg):
     LoRA) runs as in a run."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from core.models.loading import _tiny_config, build_char_tokenizer
-    from core.models.shapes import local_config
+    from core.models.shapes import shape_config
 
     model_cfg, critic = cfg.model, cfg.get("advantage", {}).get("critic") or {}
     keys = {critic.get("init_from"): "advantage.critic.init_from"}  # which setting named a checkpoint, for errors
 
     def config_of(path: str):
-        if path != TINY:
-            return local_config(path, keys.get(path, "model.name_or_path"))
-        return _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))
+        return shape_config(model_cfg, "" if path == TINY else path, keys.get(path, "model.name_or_path"))
 
     def from_pretrained(cls, path, *args, output_loading_info=False, num_labels=None, **kwargs):
         config = config_of(str(path))
@@ -212,8 +217,8 @@ class _GlobalOnly(contextlib.nullcontext):
 @contextlib.contextmanager
 def grads_dropped(models):
     """Each weight gradient freed as soon as it is accumulated: ZeRO-2/3 reduce-scatter a gradient bucket and free
-    it (the shard they keep is in :func:`model_states`, as is stage 0's whole gradient), so the gradients of a
-    whole model never pile up during backward as they would on the plain engine here."""
+    it (the shard they keep is in ``model_states``, core/planning/states.py, as is stage 0's whole gradient), so the
+    gradients of a whole model never pile up during backward as they would on the plain engine here."""
     hooks = [p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
              for m in models if m is not None for p in m.parameters() if p.requires_grad]
     try:
@@ -225,7 +230,7 @@ def grads_dropped(models):
 
 class ActivationPeak(MemTracker):
     """``MemTracker`` keeping one figure: the peak of everything but the models' parameters and buffers (ZeRO-sharded:
-    :func:`model_states` counts them). They are registered once (``track_external``), so its per-module hooks, which
+    ``model_states`` counts them). They are registered once (``track_external``), so its per-module hooks, which
     re-walk a module's parameters and snapshot the memory on every call (minutes for a 70B), are off; so are its
     per-module peaks."""
 
@@ -242,17 +247,6 @@ class ActivationPeak(MemTracker):
 
 
 # ----------------------------------------------------------------------------- the RL loop's phases
-def prompt_tokens(cfg) -> int:
-    """Max prompt tokens: ``data.max_prompt_tokens``, else vLLM's ``max_model_len`` minus the new tokens."""
-    if cfg.data.get("max_prompt_tokens"):
-        return int(cfg.data.max_prompt_tokens)
-    vllm = cfg.rollout.get("vllm")
-    if vllm is not None and vllm.max_model_len:
-        return int(vllm.max_model_len) - int(cfg.rollout.max_new_tokens)
-    raise InputError("data.max_prompt_tokens=null and rollout.vllm.max_model_len=null: the probe needs the longest "
-                     "prompt; set data.max_prompt_tokens")
-
-
 @PHASES.register("rl")
 def rl_phases(cfg, plan):
     """``logprobs`` and ``update`` of recipes/rl.py, each on fake rows of full length."""
@@ -278,7 +272,7 @@ def rl_phases(cfg, plan):
 def _rl_run(cfg, plan):
     """A :class:`recipes.rl.Run` holding what one micro-step touches: the models as
     :func:`recipes.rl_models.load_models` builds them, on a backend that keeps them whole on the CPU (ZeRO's sharding
-    is counted by :func:`model_states`): the policy's and critic's engines (plain torch), the frozen reference, the
+    is counted by ``model_states``): the policy's and critic's engines (plain torch), the frozen reference, the
     KL controller."""
     from core.algorithms.kl_control import KLController
     from core.config.schema import ZeroConfig, node
@@ -349,73 +343,6 @@ def rm_phases(cfg, plan):
 
     act, flops = measure(step, [engine.module])
     return [Phase("rm_update", act, flops, 2 * micro, L)], {"policy": engine.module, "reference": None, "critic": None}
-
-
-# ----------------------------------------------------------------------------- resident memory per GPU
-def param_counts(model) -> tuple[int, int, int]:
-    """``(trainable, frozen, largest layer)`` parameter counts; tied weights once, the largest layer as DeepSpeed's
-    ``estimate_zero3_model_states_mem_needs_all_live`` takes it (the most parameters one module owns directly)."""
-    seen = {}
-    for p in model.parameters():
-        seen.setdefault(id(p), p)
-    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
-    frozen = sum(p.numel() for p in seen.values() if not p.requires_grad)
-    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    return trainable, frozen, largest
-
-
-def model_states(model, zero, gpus: int) -> int:
-    """Bytes per GPU of a trained model's weights, gradients, fp32 master weights and Adam moments.
-
-    ZeRO-2 and -3: DeepSpeed's estimators (deepspeed/runtime/zero/stage_1_and_2.py
-    ``estimate_zero2_model_states_mem_needs``: ``2N + 18N/g``; stage3.py ``estimate_zero3_model_states_mem_needs``:
-    ``18N/g`` + 4 x the largest layer gathered, ``2N/g`` with the optimiser offloaded, the layer only with the
-    parameters offloaded too). ZeRO-1 partitions the optimiser only: ``4N + 16N/g``. Stage 0 (the plain engine,
-    core/training/engine.py): bf16 weights and gradients, fp32 master copies and their gradients, Adam: ``20N``.
-    Frozen parameters (LoRA's base) cost their 2 bytes, sharded under ZeRO-3 only."""
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-
-    n, frozen, largest = param_counts(model)
-    stage, offload = int(zero.stage), bool(zero.offload_optimizer)
-    frozen_bytes = 2 * frozen // (gpus if stage == 3 else 1)
-    if stage == 3:
-        return frozen_bytes + estimate_zero3_model_states_mem_needs(
-            n, largest, num_gpus_per_node=gpus, cpu_offload=offload, cpu_offload_params=bool(zero.offload_param))[1]
-    if stage == 2:
-        return frozen_bytes + estimate_zero2_model_states_mem_needs(n, num_gpus_per_node=gpus, cpu_offload=offload)[1]
-    if stage == 1:
-        return frozen_bytes + 4 * n + (0 if offload else 16 * n // gpus)
-    return frozen_bytes + 20 * n
-
-
-def frozen_bytes(model, zero, gpus: int) -> int:
-    """The reference policy per GPU: whole in its dtype (stages 0-2, as TRL keeps it), a shard under ZeRO-3 (plus the
-    layer it gathers), nothing but that layer when ``zero.offload_reference`` keeps the shards in CPU memory."""
-    _, n, largest = param_counts(model)
-    if int(zero.stage) != 3:
-        return 2 * n
-    return 2 * largest + (0 if zero.offload_reference else 2 * n // gpus)
-
-
-def vllm_bytes(cfg) -> tuple[int, int]:
-    """``(awake, during training)`` bytes of a vLLM colocated on a learner GPU: ``gpu_memory_utilization`` x the GPU
-    while it generates; while the trainer runs, nothing if it sleeps (level 1 offloads the weights to CPU memory
-    and frees the KV cache, level 2 discards both: docs/vllm.md), else the same. Dedicated vLLM GPUs: none here."""
-    if cfg.loop != "rl" or cfg.rollout.engine != "vllm":
-        return 0, 0
-    v = cfg.rollout.vllm
-    awake = int(float(v.gpu_memory_utilization) * float(cfg.hardware.memory_gib) * GiB)
-    return awake, 0 if v.enable_sleep_mode else awake
-
-
-def resident(cfg, models: dict, gpus: int) -> dict:
-    """Bytes per GPU held across every micro-step: model states of the trained models, the reference, vLLM."""
-    awake, training = vllm_bytes(cfg)
-    return {"model_states": model_states(models["policy"], cfg.zero, gpus),
-            "critic_states": model_states(models["critic"], cfg.zero, gpus) if models["critic"] is not None else 0,
-            "reference": frozen_bytes(models["reference"], cfg.zero, gpus) if models["reference"] is not None else 0,
-            "vllm_training": training, "vllm_awake": awake}
 
 
 # ----------------------------------------------------------------------------- output

@@ -293,7 +293,7 @@ def test_a_misspelt_key_is_refused_with_the_nearest_names(tmp_path):
     assert not (tmp_path / "run" / "model").exists()
 
 
-TOOLS = ("recipes.explain", "recipes.probe", "core.launch")  # the python -m tools that take Hydra overrides
+TOOLS = ("recipes.explain", "recipes.probe", "recipes.plan", "core.launch")  # the python -m tools that take Hydra overrides
 
 
 @pytest.mark.parametrize("module", TOOLS)
@@ -329,7 +329,8 @@ def test_cfg_job_of_a_bad_config_prints_its_problems_and_no_config(module, args,
 
 
 @pytest.mark.parametrize("module", ["recipes.run", "recipes.eval", "recipes.compare", "recipes.explain",
-                                    "recipes.probe", "core.launch", "bench", "core.data.codeforces_tiny"])
+                                    "recipes.probe", "recipes.plan", "core.launch", "bench",
+                                    "core.data.codeforces_tiny"])
 def test_every_entry_point_prints_help(module, tmp_path):
     """``python -m MODULE --help`` prints a usage and exits 0, with no traceback, and takes the flag for no name or
     path (core.data.codeforces_tiny once wrote its problems into a folder called ``--help``)."""

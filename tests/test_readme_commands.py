@@ -24,7 +24,7 @@ def _everyday_commands() -> list[str]:
 @pytest.mark.slow
 def test_every_everyday_command_runs_as_written(tmp_path):
     commands = _everyday_commands()
-    assert len(commands) == 10, commands
+    assert len(commands) == 11, commands
     env = {**CLI_ENV, "RLR_RESULTS_DIR": str(tmp_path / "results")}
     first_run = None
     for command in commands:
@@ -33,7 +33,7 @@ def test_every_everyday_command_runs_as_written(tmp_path):
         assert args[:2] == ["python", "-m"], command
         if args[2] == "recipes.run" and "--cfg" not in args:
             args += FAST
-        if args[2] == "recipes.probe":  # the tiny recipe's data sets no prompt length (a named recipe's does)
+        if args[2] in ("recipes.probe", "recipes.plan"):  # the tiny recipe's data sets no prompt length
             args += ["data.max_prompt_tokens=64"]
         proc = subprocess.run([sys.executable, *args[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=600)

@@ -32,3 +32,14 @@ def local_config(name: str, key: str = "model.name_or_path"):
                          f"(add core/models/hub_configs/{path.name} with its hub config.json fields)")
     fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def shape_config(model_cfg, path: str | None = None, key: str = "model.name_or_path"):
+    """The config of the model ``model_cfg`` names (``path``, if given, instead of its ``name_or_path``): the local
+    copy of a hub checkpoint's, or, for a locally built tiny model (no name), the one ``model.tiny`` builds."""
+    path = model_cfg.name_or_path if path is None else path
+    if path:
+        return local_config(str(path), key)
+    from core.models.loading import _tiny_config, build_char_tokenizer
+
+    return _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))

@@ -1,0 +1,187 @@
+"""Memory per GPU, broken down, with a verdict (``python -m recipes.plan``, docs/planner.md "Memory").
+
+The figures come from the real-shape probe's report (recipes/probe.py: each phase's activations measured on fake
+tensors, the resident states of core/planning/states.py); this module splits them into what a reader asks about
+(weights, gradients, optimiser states, LoRA, critic, reference, activations, vLLM), adds what the probe does not count
+(framework overhead: :func:`overhead`, each value with its reason) and what a colocated or dedicated vLLM leaves for
+its KV cache (:func:`kv_cache`), and judges the fit (:func:`breakdown`).
+"""
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from core.planning.states import GiB
+
+# Within this fraction of the card a plan is "tight": the probe's activations agree with real allocation within 5%
+# (tests/test_probe.py) and the overheads below are estimates, so a plan this close may not fit; knobs are ranked.
+MARGIN = 0.05
+# One CUDA context per GPU process (the trainer; a colocated vLLM runs in the same process, TRL colocate and veRL's
+# hybrid engine): torch 2.x on CUDA 12 with lazy module loading, plus cuBLAS/NCCL/flash-attn kernels once loaded,
+# shows 0.5-1 GiB per process in nvidia-smi; the midpoint.
+CUDA_CONTEXT = 0.75 * GiB
+# NCCL buffers per communicator: NCCL_BUFFSIZE 4 MiB per channel and direction (NCCL's environment docs), up to 32
+# channels on NVLink: 4 MiB x 2 x 32.
+NCCL_PER_COMMUNICATOR = 256 * 2 ** 20
+# PyTorch's caching allocator holds freed blocks it cannot reuse for a differently shaped request (reserved minus
+# allocated): 5% of the trainer's allocated peak, an assumption (expandable_segments off, the default).
+FRAGMENTATION = 0.05
+# DeepSpeed's defaults when zero.options leaves them out (deepspeed/runtime/zero/config.py): elements.
+ZERO_BUCKET_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 50_000_000}
+# vLLM's own needs inside its reservation, where the config leaves them to vLLM: the profile run's tokens (vLLM's
+# max_num_batched_tokens default varies by version, GPU and entry point: 8192 assumed) and CUDA graphs (vLLM logs
+# "Graph capturing finished ... took 0.3-1 GiB" for 1.5-8B models; assumed). Its max_num_seqs default:
+# core/planning/step_time.py VLLM_SEQS.
+VLLM_PROFILE_TOKENS = 8192
+VLLM_CUDA_GRAPHS = 0.5 * GiB
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+ORDER = ("weights", "gradients", "optimizer", "lora", "critic", "reference", "activations", "vllm", "cuda_context",
+         "nccl", "zero_buckets", "fragmentation")
+
+
+def overhead(cfg, plan, gpus: int) -> list[tuple[str, int, str]]:
+    """``(name, bytes per GPU, why)`` of what the probe does not count and every phase carries, for a model trained
+    over ``gpus`` GPUs: the CUDA context, NCCL's buffers, DeepSpeed's communication buckets (allocated whole).
+    Fragmentation depends on the phase (:func:`phase_parts`)."""
+    comms = int(gpus > 1) + int(plan.layout.tp > 1 and cfg.get("rollout", {}).get("engine") == "vllm")
+    out = [("cuda_context", int(CUDA_CONTEXT), "one CUDA context per GPU process (torch + CUDA 12, lazy loading): "
+                                               "0.5-1 GiB in nvidia-smi, the midpoint"),
+           ("nccl", comms * NCCL_PER_COMMUNICATOR,
+            f"{comms} communicator(s) (learners' data parallel; vLLM's tensor parallel when colocated) x "
+            f"NCCL_BUFFSIZE 4 MiB x 2 directions x 32 channels")]
+    buckets = zero_bucket_elements(cfg.zero)
+    out.append(("zero_buckets", 2 * buckets,
+                f"DeepSpeed ZeRO-{cfg.zero.stage} buckets of {buckets:,} bf16 elements, allocated whole "
+                f"(zero.options or DeepSpeed's defaults)" if buckets else "no DeepSpeed buckets at this stage"))
+    return out
+
+
+def zero_bucket_elements(zero) -> int:
+    """Elements of the buckets DeepSpeed allocates at ``zero.stage``: the contiguous gradient (reduce) bucket at
+    ZeRO-1/2, the reduce and prefetch buckets at ZeRO-3 (zero.options, else DeepSpeed's defaults); none at 0 (the
+    plain engine's DDP buckets are 25 MB)."""
+    stage, options = int(zero.stage), OmegaConf.to_container(zero.options) if zero.options else {}
+    keys = {0: (), 1: ("reduce_bucket_size",), 2: ("reduce_bucket_size",),
+            3: ("reduce_bucket_size", "stage3_prefetch_bucket_size")}[stage]
+    return sum(int(options.get(k, ZERO_BUCKET_DEFAULTS[k])) for k in keys)
+
+
+def lora_on(cfg) -> bool:
+    return int(OmegaConf.select(cfg, "train.lora.rank", default=0) or 0) > 0
+
+
+def resident_parts(cfg, report: dict) -> dict[str, int]:
+    """The probe's resident memory per GPU as the plan names it: the trained model's weights (with LoRA: its frozen
+    base), gradients and optimiser states, LoRA's adapters (their weights, gradients and optimiser states together),
+    the critic's states, the reference."""
+    res, policy = report["resident_bytes"], report["state_parts"]["policy"]
+    trained = policy["weights"] + policy["gradients"] + policy["optimizer"]
+    lora = lora_on(cfg)
+    parts = {"weights": policy["frozen"] + (0 if lora else policy["weights"]),
+             "gradients": 0 if lora else policy["gradients"], "optimizer": 0 if lora else policy["optimizer"],
+             "lora": trained if lora else 0, "critic": res["critic_states"], "reference": res["reference"]}
+    assert sum(parts.values()) == res["model_states"] + res["critic_states"] + res["reference"]
+    return parts
+
+
+def phase_parts(cfg, plan, report: dict, name: str) -> dict[str, int]:
+    """Every part of phase ``name`` per GPU, in :data:`ORDER`: the probe's peak split, plus the overhead; the
+    allocator's fragmentation on the trainer's allocation (none while vLLM generates: the loops empty torch's cache
+    before waking it, core/rollout/vllm.py as TRL)."""
+    phase, res = report["phases"][name], report["resident_bytes"]
+    parts = resident_parts(cfg, report)
+    generating = name == "generate"
+    parts["activations"] = phase["activation_bytes"]
+    parts["vllm"] = res["vllm_awake"] if generating else res["vllm_training"]
+    assert sum(parts.values()) == phase["peak_bytes"], (name, parts, phase)
+    trainer = phase["peak_bytes"] - parts["vllm"]
+    parts.update({k: v for k, v, _ in overhead(cfg, plan, report["hardware"]["gpus"])})
+    parts["fragmentation"] = 0 if generating else int(FRAGMENTATION * trainer)
+    return {k: parts[k] for k in ORDER}
+
+
+def breakdown(cfg, plan, report: dict) -> dict:
+    """The memory side of a plan: per phase its parts and total per GPU, the phase that peaks, the verdict (``fits``,
+    ``tight``: within :data:`MARGIN` of the card, or ``does not fit`` by ``short_bytes``), the overhead's reasons and
+    the KV cache vLLM is left with."""
+    card = int(float(cfg.hardware.memory_gib) * GiB)
+    phases = {n: phase_parts(cfg, plan, report, n) for n in report["phases"]}
+    totals = {n: sum(p.values()) for n, p in phases.items()}
+    peak = max(totals, key=totals.get)
+    kv, extra = kv_cache(cfg, plan), overhead(cfg, plan, report["hardware"]["gpus"])
+    per_gpu = totals[peak]
+    verdict = "does not fit" if per_gpu > card else "tight" if per_gpu > (1 - MARGIN) * card else "fits"
+    if kv is not None and kv["kv_bytes"] <= 0:
+        verdict = "does not fit"  # vLLM refuses to start without room for one KV block
+    return {"memory_bytes": card, "gpus": report["hardware"]["gpus"], "phases": phases, "totals": totals,
+            "peak_phase": peak, "per_gpu_bytes": per_gpu, "verdict": verdict, "fits": verdict != "does not fit",
+            "short_bytes": max(0, per_gpu - card), "headroom_bytes": max(0, card - per_gpu),
+            "overhead": [{"name": n, "bytes": b, "why": w} for n, b, w in extra]
+            + [{"name": "fragmentation", "bytes": phases[peak]["fragmentation"],
+                "why": f"{FRAGMENTATION:.0%} of the trainer's allocated peak (caching allocator; assumed)"}],
+            "kv_cache": kv}
+
+
+def kv_cache(cfg, plan) -> dict | None:
+    """What a vLLM engine's reservation (``gpu_memory_utilization`` x the card, per GPU) leaves for its KV cache
+    after its weights (``params x dtype bytes / TP``), its profile run's activations and CUDA graphs, and how many
+    sequences of the recipe's prompt + response length that holds per engine. KV bytes per token (vLLM's cache
+    layout): ``2 (K and V) x layers x kv_heads x head_dim x dtype bytes``, the heads split over TP. None without
+    vLLM."""
+    engine = OmegaConf.select(cfg, "rollout.engine")
+    if cfg.loop != "rl" or engine not in ("vllm", "vllm_server"):
+        return None
+    from core.models.shapes import shape_config
+    from core.planning.model_figures import figures
+    from core.planning.states import prompt_tokens
+
+    v, tp, c = cfg.rollout.vllm, plan.layout.tp, shape_config(cfg.model)
+    dtype, fig = DTYPE_BYTES[cfg.model.dtype if v.dtype == "auto" else v.dtype], figures(c)
+    head_dim = fig.kv_dim // c.num_key_value_heads
+    per_token = 2 * c.num_hidden_layers * fig.kv_dim * dtype  # whole model: K and V of every layer
+    # per GPU: the KV heads split over the engine's TP ranks (each keeps at least one, replicated past the heads)
+    per_token_gpu = 2 * c.num_hidden_layers * max(1, c.num_key_value_heads // tp) * head_dim * dtype
+    reservation = int(float(v.gpu_memory_utilization) * float(cfg.hardware.memory_gib) * GiB)
+    weights = fig.params * dtype // tp
+    tokens, seqs = v.max_num_batched_tokens or VLLM_PROFILE_TOKENS, max_num_seqs(cfg)
+    # the profile forward's peak: residual and hidden states plus the MLP's gate/up and activation outputs of
+    # every token, and the sampler's fp32 logits of each sequence's last token
+    activations = tokens * (2 * c.hidden_size + 3 * c.intermediate_size // tp) * dtype + seqs * c.vocab_size * 4
+    kv = reservation - weights - activations - int(VLLM_CUDA_GRAPHS)
+    length = prompt_tokens(cfg) + int(cfg.rollout.max_new_tokens)
+    batch = cfg.rollout.get("generation_batch_size") or plan.samples_per_step
+    return {"where": "rollout GPUs (dedicated)" if engine == "vllm_server" else "learner GPUs (colocated)",
+            "engines": plan.layout.engines, "tp": tp, "reservation_bytes": reservation, "weights_bytes": weights,
+            "activation_bytes": activations, "cuda_graph_bytes": int(VLLM_CUDA_GRAPHS), "kv_bytes": kv,
+            "kv_bytes_per_token": per_token, "kv_bytes_per_token_per_gpu": per_token_gpu,
+            "tokens_per_sequence": length, "sequences": max(0, kv) // (per_token_gpu * length),
+            "sequences_wanted": min(-(-batch // plan.layout.engines), seqs)}
+
+
+def max_num_seqs(cfg) -> int:
+    """vLLM's ``max_num_seqs``: the config's, else vLLM's default (V1: 1024 on GPUs of >= 70 GiB other than the A100,
+    else 256; core/planning/step_time.py ``VLLM_SEQS``)."""
+    from core.planning.step_time import VLLM_SEQS
+
+    hw = cfg.hardware
+    large = float(hw.memory_gib) >= 70 and "A100" not in str(hw.name)
+    return int(cfg.rollout.vllm.max_num_seqs or VLLM_SEQS["large" if large else "small"])
+
+
+def assumptions(cfg) -> list[list]:
+    """The memory side's assumptions as ``[name, value, where it comes from]`` (the time side adds its own)."""
+    out = [["memory.rows", "full length", "every probed micro-batch is the longest (prompt + max_new_tokens, or "
+                                          "train.max_len): the worst micro-step, what a run must survive"],
+           ["memory.attention", "flash (O(T))", "the probe runs sdpa's flash kernel, no T x T mask, as flash-attn"],
+           ["memory.cuda_context_gib", CUDA_CONTEXT / GiB, "per GPU process, nvidia-smi 0.5-1 GiB (midpoint)"],
+           ["memory.nccl_per_communicator_gib", NCCL_PER_COMMUNICATOR / GiB, "NCCL_BUFFSIZE 4 MiB x 2 x 32 channels"],
+           ["memory.fragmentation", FRAGMENTATION, "of the trainer's allocated peak (caching allocator)"],
+           ["memory.margin", MARGIN, "within this fraction of the card the plan is tight and knobs are ranked"]]
+    if cfg.loop == "rl" and cfg.rollout.engine in ("vllm", "vllm_server"):
+        out += [["vllm.accounting", "on top", "vLLM >= 0.22 (constraints/gpu.txt) reserves gpu_memory_utilization x "
+                                              "the card beside what the trainer holds (vLLM 0.6 counted it inside)"],
+                ["vllm.max_num_batched_tokens", cfg.rollout.vllm.max_num_batched_tokens or VLLM_PROFILE_TOKENS,
+                 "the config's, else assumed (vLLM's default varies)"],
+                ["vllm.max_num_seqs", max_num_seqs(cfg), "the config's, else vLLM's V1 default"],
+                ["vllm.cuda_graphs_gib", VLLM_CUDA_GRAPHS / GiB, "vLLM's capture log for 1.5-8B models (0.3-1 GiB)"]]
+    return out

@@ -1,0 +1,109 @@
+"""Resident memory per GPU: what a run holds across every micro-step (the trained models' states under ZeRO, the
+frozen reference, the colocated vLLM reservation). ``recipes.probe`` adds each phase's measured activations to it;
+``recipes.plan`` (core/planning/memory.py) breaks it down further. One source for both."""
+from __future__ import annotations
+
+from core.errors import InputError
+
+GiB = 2 ** 30
+
+
+def prompt_tokens(cfg) -> int:
+    """Max prompt tokens: ``data.max_prompt_tokens``, else vLLM's ``max_model_len`` minus the new tokens."""
+    if cfg.data.get("max_prompt_tokens"):
+        return int(cfg.data.max_prompt_tokens)
+    vllm = cfg.rollout.get("vllm")
+    if vllm is not None and vllm.max_model_len:
+        return int(vllm.max_model_len) - int(cfg.rollout.max_new_tokens)
+    raise InputError("data.max_prompt_tokens=null and rollout.vllm.max_model_len=null: the probe needs the longest "
+                     "prompt; set data.max_prompt_tokens")
+
+
+def param_counts(model) -> tuple[int, int, int]:
+    """``(trainable, frozen, largest layer)`` parameter counts; tied weights once, the largest layer as DeepSpeed's
+    ``estimate_zero3_model_states_mem_needs_all_live`` takes it (the most parameters one module owns directly)."""
+    seen = {}
+    for p in model.parameters():
+        seen.setdefault(id(p), p)
+    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
+    frozen = sum(p.numel() for p in seen.values() if not p.requires_grad)
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return trainable, frozen, largest
+
+
+def zero_total(n: int, largest: int, zero, gpus: int) -> int:
+    """Bytes per GPU of the weights, gradients, fp32 master weights and Adam moments of ``n`` trained parameters.
+
+    ZeRO-2 and -3: DeepSpeed's estimators (deepspeed/runtime/zero/stage_1_and_2.py
+    ``estimate_zero2_model_states_mem_needs``: ``2N + 18N/g``; stage3.py ``estimate_zero3_model_states_mem_needs``:
+    ``18N/g`` + 4 x the largest layer gathered, ``2N/g`` with the optimiser offloaded, the layer only with the
+    parameters offloaded too). ZeRO-1 partitions the optimiser only: ``4N + 16N/g``. Stage 0 (the plain engine,
+    core/training/engine.py): bf16 weights and gradients, fp32 master copies and their gradients, Adam: ``20N``."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    stage, offload = int(zero.stage), bool(zero.offload_optimizer)
+    if stage == 3:
+        return estimate_zero3_model_states_mem_needs(
+            n, largest, num_gpus_per_node=gpus, cpu_offload=offload, cpu_offload_params=bool(zero.offload_param))[1]
+    if stage == 2:
+        return estimate_zero2_model_states_mem_needs(n, num_gpus_per_node=gpus, cpu_offload=offload)[1]
+    if stage == 1:
+        return 4 * n + (0 if offload else 16 * n // gpus)
+    return 20 * n
+
+
+def state_parts(model, zero, gpus: int) -> dict[str, int]:
+    """A trained model's states per GPU, split: ``frozen`` (parameters that do not train, LoRA's base: 2 bytes each,
+    sharded under ZeRO-3 only), ``weights`` (the bf16 copy the forward reads: ``2N``, ``2N/g`` + the gathered layer
+    at ZeRO-3), ``gradients`` (bf16 and fp32: ``6N/g`` sharded at ZeRO-2/3, ``2N + 4N/g`` at ZeRO-1, ``6N`` at 0,
+    none on the GPU with the optimiser offloaded) and ``optimizer`` (fp32 master weights and Adam's two moments, the
+    rest of :func:`zero_total`: ``12N/g``, ``12N`` at stage 0). The split follows the comment of DeepSpeed's ZeRO-2
+    estimator (18 = 2 grads_16bit + 4 grads_32bit + 4 params_32bit + 8 optimizer_states_32bit); the sum is the
+    estimator's figure, unchanged."""
+    n, frozen, largest = param_counts(model)
+    stage, g = int(zero.stage), gpus
+    total = zero_total(n, largest, zero, gpus)
+    offloaded = bool(zero.offload_optimizer)
+    if stage == 3:
+        weights = (0 if zero.offload_param and offloaded else 2 * n // g) + 4 * largest
+        grads = 0 if offloaded else 6 * n // g
+    else:
+        weights = 2 * n
+        grads = {0: 6 * n, 1: 2 * n + (0 if offloaded else 4 * n // g), 2: 0 if offloaded else 6 * n // g}[stage]
+    return {"frozen": 2 * frozen // (g if stage == 3 else 1), "weights": weights, "gradients": grads,
+            "optimizer": total - weights - grads}
+
+
+def model_states(model, zero, gpus: int) -> int:
+    """Bytes per GPU of a trained model's states: the sum of :func:`state_parts`."""
+    return sum(state_parts(model, zero, gpus).values())
+
+
+def frozen_bytes(model, zero, gpus: int) -> int:
+    """The reference policy per GPU: whole in its dtype (stages 0-2, as TRL keeps it), a shard under ZeRO-3 (plus the
+    layer it gathers), nothing but that layer when ``zero.offload_reference`` keeps the shards in CPU memory."""
+    _, n, largest = param_counts(model)
+    if int(zero.stage) != 3:
+        return 2 * n
+    return 2 * largest + (0 if zero.offload_reference else 2 * n // gpus)
+
+
+def vllm_bytes(cfg) -> tuple[int, int]:
+    """``(awake, during training)`` bytes of a vLLM colocated on a learner GPU: ``gpu_memory_utilization`` x the GPU
+    while it generates; while the trainer runs, nothing if it sleeps (level 1 offloads the weights to CPU memory
+    and frees the KV cache, level 2 discards both: docs/vllm.md), else the same. Dedicated vLLM GPUs: none here."""
+    if cfg.loop != "rl" or cfg.rollout.engine != "vllm":
+        return 0, 0
+    v = cfg.rollout.vllm
+    awake = int(float(v.gpu_memory_utilization) * float(cfg.hardware.memory_gib) * GiB)
+    return awake, 0 if v.enable_sleep_mode else awake
+
+
+def resident(cfg, models: dict, gpus: int) -> dict:
+    """Bytes per GPU held across every micro-step: model states of the trained models, the reference, vLLM."""
+    awake, training = vllm_bytes(cfg)
+    return {"model_states": model_states(models["policy"], cfg.zero, gpus),
+            "critic_states": model_states(models["critic"], cfg.zero, gpus) if models["critic"] is not None else 0,
+            "reference": frozen_bytes(models["reference"], cfg.zero, gpus) if models["reference"] is not None else 0,
+            "vllm_training": training, "vllm_awake": awake}
