@@ -36,6 +36,7 @@ SELECTED_BY = {
     "core.data.prompts:SOURCES": ["data.source", "data.tiny.source"],
     "core.evaluation.sets:QUESTIONS": ["sets.*.question"],
     "core.models.reward_model:HEAD_INITS": ["train.head_init"],
+    "core.planning.phases:PHASE_TIMES": ["loop"],
     "core.reporting.source_views:SOURCE_VIEWS": ["source.name"],
     "core.rollout:ROLLOUT_ENGINES": ["rollout.engine"],
     "core.rollout.texts:REWARD_TEXTS": ["verifier.text"],
