@@ -48,9 +48,8 @@ def rm_times(ctx: Context):
 
 
 def prompt_len(ctx: Context) -> int:
-    from recipes.probe import prompt_tokens
-
-    P = prompt_tokens(ctx.cfg)
+    """The prompt cap the probe used: its rows hold prompt + ``rollout.max_new_tokens`` tokens."""
+    P = int(ctx.report["phases"]["logprobs"]["tokens_per_row"]) - int(ctx.cfg.rollout.max_new_tokens)
     ctx.assume("prompt_tokens", P, "the prompt cap (data.max_prompt_tokens or vLLM's max_model_len - max_new_tokens): "
                "no recipe's source publishes its mean prompt")
     return P

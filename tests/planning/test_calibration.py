@@ -1,6 +1,6 @@
-"""The planner's time against every headline figure (core/planning/calibration.py; docs/planner.md "Calibration").
+"""The planner's time against every headline figure (bench/plan_calibration.py; docs/planner.md "Calibration").
 
-The probe's reports are stored under tests/planning/reports (``python -m core.planning.calibration --reports
+The probe's reports are stored under tests/planning/reports (``python -m bench.plan_calibration --reports
 tests/planning/reports --write`` rewrites them; the slow test holds one to a fresh probe), so these tests run the time
 function alone. Bounds are the tolerance reached, per case, as docs/planner.md states it; a change to the model that
 moves a prediction out of them fails here.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.planning import calibration as C
+from bench import plan_calibration as C
 
 REPORTS = Path(__file__).with_name("reports")
 CASES = {c.key: c for c in C.CASES}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import InputError
-from core.planning import calibration as C
+from bench import plan_calibration as C
 from core.planning.model_figures import figures
 from core.planning.step_time import EFFICIENCY, estimate, flop_scale
 

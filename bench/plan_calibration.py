@@ -1,4 +1,4 @@
-"""``python -m core.planning.calibration [--reports DIR] [--write]``: the planner's time beside every headline figure
+"""``python -m bench.plan_calibration [--reports DIR] [--write]``: the planner's time beside every headline figure
 users quote (../shared/reference/README.md, "Headline figures"), one row per reading of a figure.
 
 Each :data:`CASES` entry is a claim, the recipe and overrides that set up its source's run, and its readings: what the
