@@ -125,7 +125,7 @@ def yaml_values() -> list[tuple[str, object]]:
 
 def test_every_registry_is_found_and_picked_by_a_config_key():
     found = registries()
-    assert len(found) == 24 and sum(len(r.names()) for r in found.values()) == 93
+    assert len(found) == 25 and sum(len(r.names()) for r in found.values()) == 95
     assert sorted(found) == sorted(SELECTED_BY)
     bound = schema_bindings()
     assert len(bound) == 16 and sum(len(f) for f in bound.values()) == 23
@@ -145,7 +145,7 @@ def test_every_entry_is_named_by_a_config_value_or_is_a_command_line_option():
         if missing:
             unreached[reg] = missing
     assert unreached == COMMAND_LINE_ONLY
-    assert reached == 77 and sum(map(len, COMMAND_LINE_ONLY.values())) == 16
+    assert reached == 79 and sum(map(len, COMMAND_LINE_ONLY.values())) == 16
 
 
 def test_every_entry_resolves_to_a_callable():
@@ -154,7 +154,7 @@ def test_every_entry_resolves_to_a_callable():
         for name in registry.names():
             assert callable(registry.get(name)), f"{reg} {name}"
             count += 1
-    assert count == 93
+    assert count == 95
 
 
 LAZY = """
