@@ -27,7 +27,8 @@ EFFICIENCY = {"mfu": 1.0, "hbm": 1.0}  # the profile's figures are this machine'
 
 def measured(run_dir: Path) -> dict[str, float]:
     """Mean seconds per phase over the run's steps after the first."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()][1:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if MEASURED["update"] in r][1:]  # the step rows, the first one left out
     return {phase: sum(r[key] for r in rows) / len(rows) for phase, key in MEASURED.items()}
 
 

@@ -2,6 +2,7 @@
 overlapped)``, the names in ``overlapped`` running beside the others (a step takes the longer of the two sums)."""
 from __future__ import annotations
 
+from core.planning.model_figures import figures, model_config
 from core.planning.step_time import (CPU_ADAM_PARAMS_PER_S, VERIFY_SECONDS, VLLM_SEQS, Context, ceil_div,
                                      flop_scale, ring)
 from core.registry import Registry
@@ -34,7 +35,7 @@ def rl_times(ctx: Context):
 @PHASE_TIMES.register("rm")
 def rm_times(ctx: Context):
     cfg, plan = ctx.cfg, ctx.plan
-    L = int(cfg.train.expected_len or cfg.train.max_len)
+    L = min(int(cfg.train.expected_len or cfg.train.max_len), int(cfg.train.max_len))
     ctx.assume("train.expected_len", L, "the recipe's published mean pair length" if cfg.train.expected_len
                else "null: every sequence at train.max_len (no published mean length)")
     ph, gpus = ctx.report["phases"]["rm_update"], int(ctx.report["hardware"]["gpus"])
@@ -47,9 +48,8 @@ def rm_times(ctx: Context):
 
 
 def prompt_len(ctx: Context) -> int:
-    from recipes.probe import prompt_tokens
-
-    P = prompt_tokens(ctx.cfg)
+    """The prompt cap the probe used: its rows hold prompt + ``rollout.max_new_tokens`` tokens."""
+    P = int(ctx.report["phases"]["logprobs"]["tokens_per_row"]) - int(ctx.cfg.rollout.max_new_tokens)
     ctx.assume("prompt_tokens", P, "the prompt cap (data.max_prompt_tokens or vLLM's max_model_len - max_new_tokens): "
                "no recipe's source publishes its mean prompt")
     return P
@@ -130,8 +130,12 @@ def zero_traffic(ctx: Context, micro_steps: int, forward_passes: int, optimizer_
     stage, trainable = int(z.stage), _trainable_bytes(ctx)
     grad_bytes = trainable * (2 if z.get("communication_data_type") in (None, "bf16", "fp16") else 1)
     if stage == 3:
+        # a micro-step gathers every trained model (the policy, the critic); a no-grad forward one model of the
+        # policy's size (old policy, reference)
+        per_step = (2 + bool(cfg.model.gradient_checkpointing)) * (fig.weight_bytes + 2 * _critic_params(ctx))
         gathers = micro_steps * (2 + bool(cfg.model.gradient_checkpointing)) + forward_passes
-        comm = (gathers * ring(fig.weight_bytes, gpus) + micro_steps * ring(grad_bytes, gpus)) / link
+        comm = (micro_steps * ring(per_step, gpus) + forward_passes * ring(fig.weight_bytes, gpus)
+                + micro_steps * ring(grad_bytes, gpus)) / link
     elif stage in (1, 2):
         gathers = 0
         comm = (micro_steps * ring(grad_bytes, gpus) + optimizer_steps * ring(trainable, gpus)) / link
@@ -149,26 +153,26 @@ def zero_traffic(ctx: Context, micro_steps: int, forward_passes: int, optimizer_
 
 
 def _trainable_bytes(ctx: Context) -> float:
-    """bf16 bytes of the trained parameters: the policy's (LoRA: the probe's trainable count), and the critic's."""
+    """bf16 bytes of the trained parameters: LoRA's adapters when the reward model trains them, else the policy's and
+    the critic's."""
     lora = ctx.cfg.train.get("lora") if ctx.cfg.loop == "rm" else None
     if lora is not None and int(lora.rank) > 0:
-        return 2.0 * ctx.report.get("trainable_params", _lora_params(ctx, int(lora.rank)))
-    critic = ctx.cfg.get("advantage", {}).get("critic") if ctx.cfg.loop == "rl" else None
-    extra = 0
-    if critic is not None:
-        from core.planning.model_figures import model_config, figures
+        return 2.0 * _lora_params(ctx, int(lora.rank))
+    return 2.0 * (ctx.policy.params + _critic_params(ctx))
 
-        extra = figures(model_config(ctx.cfg.model, critic.init_from)).params if critic.init_from else \
-            ctx.policy.params
-    return 2.0 * (ctx.policy.params + extra)
+
+def _critic_params(ctx: Context) -> int:
+    """The critic's parameters: its ``init_from`` checkpoint's (Open-Instruct's 8B RM under a 70B policy), else the
+    policy's; 0 without one."""
+    critic = ctx.cfg.get("advantage", {}).get("critic") if ctx.cfg.loop == "rl" else None
+    if critic is None:
+        return 0
+    return figures(model_config(ctx.cfg.model, critic.init_from)).params if critic.init_from else ctx.policy.params
 
 
 def _lora_params(ctx: Context, rank: int) -> int:
     """LoRA adapters of rank ``rank`` on every linear layer (all-linear): ``rank x (in + out)`` per matrix."""
-    fig = ctx.policy
-    from core.planning.model_figures import model_config
-
-    c = model_config(ctx.cfg.model)
+    fig, c = ctx.policy, model_config(ctx.cfg.model)
     h, inter = c.hidden_size, c.intermediate_size
     per_layer = rank * ((h + fig.attn_dim) * 2 + (h + fig.kv_dim) * 2 + 3 * (h + inter))
     return fig.layers * per_layer

@@ -1,6 +1,6 @@
-"""The planner's time against every headline figure (core/planning/calibration.py; docs/planner.md "Calibration").
+"""The planner's time against every headline figure (bench/plan_calibration.py; docs/planner.md "Calibration").
 
-The probe's reports are stored under tests/planning/reports (``python -m core.planning.calibration --reports
+The probe's reports are stored under tests/planning/reports (``python -m bench.plan_calibration --reports
 tests/planning/reports --write`` rewrites them; the slow test holds one to a fresh probe), so these tests run the time
 function alone. Bounds are the tolerance reached, per case, as docs/planner.md states it; a change to the model that
 moves a prediction out of them fails here.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.planning import calibration as C
+from bench import plan_calibration as C
 
 REPORTS = Path(__file__).with_name("reports")
 CASES = {c.key: c for c in C.CASES}
@@ -33,7 +33,7 @@ def test_every_headline_figure_has_a_case():
 
 
 # (case, reading index) -> the band predicted / claimed lies in (docs/planner.md "Calibration": the RM within the 25%
-# goal; the 70B run 1.85x, its prompts and completions taken at their 2048-token caps, no mean being published)
+# goal; the 70B run 1.88x, its prompts and completions taken at their 2048-token caps, no mean being published)
 WELL_DEFINED = {("open_instruct_rm_8b", 0): (0.75, 1.25), ("open_instruct_rlvr_70b", 0): (1.5, 2.2)}
 SLOW = {"open_instruct_rlvr_70b"}  # preparing the 70B config takes ~15 s here
 
@@ -78,9 +78,11 @@ def test_rlvr_8b_readings_bracket_the_claim():
 
 @pytest.mark.slow
 def test_stored_report_is_the_probes():
-    """The stored report of one case is what the probe gives now (the fixtures are not stale)."""
+    """The stored report of one case is what the probe gives now (the fixtures are not stale), in every key it
+    stores (the probe may report more: the memory side's parts)."""
     case = CASES["open_instruct_rm_8b"]
     stored = json.loads((REPORTS / C.report_name(case, case.readings[0])).read_text())
     fresh = C.report_of(case, case.readings[0], None)
     fresh.pop("probe_seconds", None)
-    assert json.loads(json.dumps(fresh, sort_keys=True)) == stored
+    fresh = json.loads(json.dumps(fresh, sort_keys=True))
+    assert {k: fresh[k] for k in stored} == stored

@@ -1,4 +1,5 @@
-"""core/planning/step_time.py: each phase answers to the setting that drives it, on stored probe reports (no probing)."""
+"""core/planning/step_time.py: each phase answers to the setting that drives it, on stored probe reports (no
+probing)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import InputError
-from core.planning import calibration as C
+from bench import plan_calibration as C
 from core.planning.model_figures import figures
 from core.planning.step_time import EFFICIENCY, estimate, flop_scale
 
@@ -40,9 +41,9 @@ def test_flop_scale_is_linear_plus_causal_attention():
     at_cap = flop_scale(fig, 9216, 9216)
     assert 0.8 < at_cap < 1  # the causal half of the attention the probe counts as a full square
     # a short row costs its tokens' share of the matrix FLOPs and little attention
-    assert flop_scale(fig, 9216, 1024) == pytest.approx(1024 / 9216 * (2 * fig.matmul_params + 2 * fig.layers * fig.attn_dim
-                                                                         * 1024) / (2 * fig.matmul_params + 4 * fig.layers
-                                                                                     * fig.attn_dim * 9216), rel=1e-12)
+    mat, att = 2 * fig.matmul_params, fig.layers * fig.attn_dim
+    want = 1024 / 9216 * (mat + 2 * att * 1024) / (mat + 4 * att * 9216)
+    assert flop_scale(fig, 9216, 1024) == pytest.approx(want, rel=1e-12)
 
 
 def test_compute_phases_scale_with_mfu_and_every_assumption_is_listed():

@@ -1,4 +1,4 @@
-"""``python -m core.planning.calibration [--reports DIR] [--write]``: the planner's time beside every headline figure
+"""``python -m bench.plan_calibration [--reports DIR] [--write]``: the planner's time beside every headline figure
 users quote (../shared/reference/README.md, "Headline figures"), one row per reading of a figure.
 
 Each :data:`CASES` entry is a claim, the recipe and overrides that set up its source's run, and its readings: what the
@@ -128,19 +128,20 @@ def rows(reports: Path | None = None, write: bool = False) -> list[dict]:
             top = sorted(st.phases.items(), key=lambda kv: -kv[1])[:3]
             out.append({"case": case.key, "claim": case.claim, "claimed": case.value, "unit": case.unit,
                         "reading": reading.name, "predicted": value, "ratio": value / case.value,
-                        "fits": bool(report["fits"]), "per_gpu_gib": report["per_gpu_bytes"] / 2 ** 30,
+                        "per_gpu_gib": report["per_gpu_bytes"] / 2 ** 30,
                         "step_seconds": st.step_seconds, "where": ", ".join(f"{k} {v:.0f} s" for k, v in top),
                         "well_defined": case.well_defined, "source": case.source})
     return out
 
 
 def table(rs: list[dict]) -> list[str]:
-    out = ["| claim | source | claimed | reading | predicted | predicted / claimed | fits (GiB/GPU) | step: largest phases |",
+    out = ["| claim | source | claimed | reading | predicted | predicted / claimed | probe's peak GiB/GPU | "
+           "step: largest phases |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rs:
         out.append(f"| {r['claim']} | {r['source']} | {r['claimed']:g} {r['unit']} | {r['reading']} | "
-                   f"{r['predicted']:.1f} {r['unit']} | {r['ratio']:.2f} | {'yes' if r['fits'] else 'NO'} "
-                   f"({r['per_gpu_gib']:.1f}) | {r['step_seconds']:.0f} s: {r['where']} |")
+                   f"{r['predicted']:.1f} {r['unit']} | {r['ratio']:.2f} | {r['per_gpu_gib']:.1f} | "
+                   f"{r['step_seconds']:.0f} s: {r['where']} |")
     return out
 
 
