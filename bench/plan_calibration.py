@@ -67,8 +67,11 @@ CASES: tuple[Case, ...] = (
          (Reading("vLLM server on 1 GPU, 3 learners", ("layout=dedicated", "layout.learner_gpus=3",
                                                        "layout.rollout_gpus=1", "train.prompts_per_step=12",
                                                        "train.mini_batch_size=192")),
+          # TRL 0.14-0.16 GRPOTrainer._prepare_inputs generates per micro-batch (per_device_train_batch_size 4 on
+          # each of 4 ranks: 16 completions a call, gradient_accumulation_steps calls a step)
           Reading("HF generate on 4 learners (no vLLM)", ("rollout=hf", "layout=colocate", "layout.learner_gpus=4",
-                                                          "train.prompts_per_step=16", "train.mini_batch_size=256"))),
+                                                          "train.prompts_per_step=16", "train.mini_batch_size=256",
+                                                          "rollout.generation_batch_size=16"))),
          well_defined=False),
     Case("openrlhf_rm_4090_8192_z3", "OpenRLHF 8B RM, 6x4090, max_len 8192 + ZeRO-3 + LoRA", 278, "h",
          "issue #354 (user's ETA, or OOM)", ("recipe=openrlhf_rm_llama3_8b_4090", "train.max_len=8192",

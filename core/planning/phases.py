@@ -3,8 +3,8 @@ overlapped)``, the names in ``overlapped`` running beside the others (a step tak
 from __future__ import annotations
 
 from core.planning.model_figures import figures, model_config
-from core.planning.step_time import (CPU_ADAM_PARAMS_PER_S, VERIFY_SECONDS, VLLM_SEQS, Context, ceil_div,
-                                     flop_scale, ring)
+from core.planning.step_time import (CPU_ADAM_PARAMS_PER_S, HF_DECODE_LAYER_SECONDS, VERIFY_SECONDS, VLLM_SEQS,
+                                     Context, ceil_div, flop_scale, ring)
 from core.registry import Registry
 
 # loop -> fn(Context) -> (dict phase -> seconds, set of overlapped phases)
@@ -76,7 +76,8 @@ def _frozen_forwards(ctx: Context) -> int:
 # ----------------------------------------------------------------------------- generation
 def generate_seconds(ctx: Context, P: int, R: int, R_cap: int) -> float:
     """One step's rollout on one engine (the engines split the step's completions evenly): prefill at compute,
-    then decode iterations bound by reading the weights and the running KV caches, or by compute."""
+    then decode iterations bound by reading the weights and the running KV caches, by compute, or (HF generate) by
+    the host's per-layer overhead of each iteration."""
     cfg, plan, hw, fig = ctx.cfg, ctx.plan, ctx.hw, ctx.policy
     engine = str(cfg.rollout.engine)
     tp = plan.layout.tp if engine != "hf" else 1
@@ -90,6 +91,10 @@ def generate_seconds(ctx: Context, P: int, R: int, R_cap: int) -> float:
     weights = iters * fig.weight_bytes / (tp * hw.mem)
     kv = n * R * (P + R / 2) * fig.kv_bytes_per_token / (tp * hw.mem)
     compute = n * R * fig.forward_flops(P + R / 2) / (tp * hw.flops)
+    # HF generate: each decode iteration runs every layer's Python and launches, latency-bound at small waves
+    overhead = iters * fig.layers * HF_DECODE_LAYER_SECONDS[0] if engine == "hf" else 0.0
+    if engine == "hf":
+        ctx.assume("hf_decode_layer_seconds", HF_DECODE_LAYER_SECONDS[0], HF_DECODE_LAYER_SECONDS[1])
     gather = 0.0
     if engine == "hf" and int(cfg.zero.stage) == 3 and plan.world_size > 1:
         # ZeRO-3: the whole model gathered once (TRL ds3_gather_for_generation), else every layer at every token
@@ -98,7 +103,7 @@ def generate_seconds(ctx: Context, P: int, R: int, R_cap: int) -> float:
         gather += times * fig.weight_bytes / plan.world_size / hw.host if cfg.zero.offload_param else 0.0
     ctx.assume("generation", f"{engines} engine(s) x TP {tp}, {n} completions each, {slots} at a time, {iters} "
                f"decode iterations", "the layout, rollout.engine and the KV cache left by the vLLM reservation")
-    return prefill + max(weights + kv, compute) + gather
+    return prefill + max(weights + kv, compute, overhead) + gather
 
 
 def _prefix_cache(cfg) -> bool:

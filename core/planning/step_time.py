@@ -8,7 +8,8 @@ at its datasheet bandwidth times a utilisation, collectives over the link they c
 
 - ``generate``: prefill at compute; decode per iteration reads the weights once plus every running sequence's KV
   cache, or computes, whichever binds (vLLM's continuous batching refills finished slots; HF ``generate`` runs waves
-  to the longest completion); completions of ``rollout.expected_new_tokens`` (a recipe's published mean, else the cap);
+  of ``rollout.generation_batch_size`` to the longest completion, each iteration at least its per-layer host overhead,
+  :data:`HF_DECODE_LAYER_SECONDS`); completions of ``rollout.expected_new_tokens`` (a recipe's published mean, else the cap);
 - ``score``: the verifier on the rank's completions (:data:`VERIFY_SECONDS`);
 - ``logprobs`` and ``update``: the probe's FLOPs per micro-step (recompute included when checkpointing: the probe
   runs it), scaled from full length to the expected lengths with the attention term taken causal;
@@ -46,6 +47,12 @@ VERIFY_SECONDS = (0.01, "CPU seconds to verify one completion, per learner rank'
                         "verify of a ~1k-token answer, order of magnitude; the demo's tiny ones take 0.2 ms)")
 CPU_ADAM_PARAMS_PER_S = (1e9, "parameters per second DeepSpeed's CPU Adam updates per rank (order of magnitude of "
                               "ZeRO-Offload, Ren et al. 2021, §6; not measured here)")
+# HF ``generate`` in eager mode: host time per decoder layer per decode iteration (Python, module calls, ~10 kernel
+# launches), a floor under an iteration whatever the batch. PyTorch's "Accelerating Generative AI with PyTorch II: GPT,
+# Fast" (pytorch.org/blog/accelerating-generative-ai-2, 2023) measures eager LLaMA-7B at batch 1 on an A100-80GB at
+# 25.5 tok/s and calls it CPU-overhead bound: 1 / 25.5 s over 32 layers = 1.2 ms per layer.
+HF_DECODE_LAYER_SECONDS = (1.2e-3, "host seconds per decoder layer per HF generate decode iteration (eager LLaMA-7B at "
+                                   "batch 1, A100: 25.5 tok/s over 32 layers, overhead-bound; PyTorch blog 'GPT, Fast')")
 # vLLM's default max_num_seqs (vllm/engine/arg_utils.py _set_default_args_v1, V1 engine): 1024 on GPUs of >= 70 GiB
 # other than the A100, else 256
 VLLM_SEQS = {"large": 1024, "small": 256}

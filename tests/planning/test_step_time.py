@@ -80,12 +80,13 @@ def test_async_generation_overlaps_the_update():
 
 
 def test_layer_by_layer_generation_under_zero3_crawls():
-    """TRL #3858: ZeRO-3 without gathering the model for generation all-gathers every layer at every token (its
-    bandwidth alone: about 12 minutes here against the issue's ~10 h first step, whose per-layer collectives are
-    latency-bound: docs/planner.md)."""
+    """TRL #3858: ZeRO-3 without gathering the model for generation all-gathers every layer at every token (their
+    bandwidth over 16 waves x 4096 iterations: about 3.4 h here, 5.6x the gathered model's overhead-bound 37 minutes,
+    against the issue's ~10 h first step, whose per-layer collectives are latency-bound: docs/planner.md)."""
     whole = _time("open_r1_4xh100", [], reading=1)
     layered = _time("open_r1_4xh100", ["rollout.gather_for_generation=false"], reading=1)
-    assert layered.phases["generate"] > 10 * whole.phases["generate"]
+    assert layered.phases["generate"] > 4 * whole.phases["generate"]
+    assert layered.phases["generate"] > 2 * 3600
 
 
 def test_shorter_expected_completions_shorten_every_token_phase():
