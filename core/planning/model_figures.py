@@ -50,12 +50,3 @@ def figures(config) -> ModelFigures:
                         layers=n, attn_dim=attn, kv_dim=kv_dim)
 
 
-def model_config(model_cfg, name: str | None = None):
-    """The transformers config of ``name`` (default ``model.name_or_path``), or of the locally built tiny model."""
-    from core.models.loading import _tiny_config, build_char_tokenizer
-    from core.models.shapes import local_config
-
-    name = name if name is not None else model_cfg.name_or_path
-    if name:
-        return local_config(str(name))
-    return _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))

@@ -2,7 +2,8 @@
 overlapped)``, the names in ``overlapped`` running beside the others (a step takes the longer of the two sums)."""
 from __future__ import annotations
 
-from core.planning.model_figures import figures, model_config
+from core.models.shapes import shape_config
+from core.planning.model_figures import figures
 from core.planning.step_time import (CPU_ADAM_PARAMS_PER_S, HF_DECODE_LAYER_SECONDS, VERIFY_SECONDS, VLLM_SEQS,
                                      Context, ceil_div, flop_scale, ring)
 from core.registry import Registry
@@ -172,12 +173,14 @@ def _critic_params(ctx: Context) -> int:
     critic = ctx.cfg.get("advantage", {}).get("critic") if ctx.cfg.loop == "rl" else None
     if critic is None:
         return 0
-    return figures(model_config(ctx.cfg.model, critic.init_from)).params if critic.init_from else ctx.policy.params
+    if not critic.init_from:
+        return ctx.policy.params
+    return figures(shape_config(ctx.cfg.model, critic.init_from, "advantage.critic.init_from")).params
 
 
 def _lora_params(ctx: Context, rank: int) -> int:
     """LoRA adapters of rank ``rank`` on every linear layer (all-linear): ``rank x (in + out)`` per matrix."""
-    fig, c = ctx.policy, model_config(ctx.cfg.model)
+    fig, c = ctx.policy, shape_config(ctx.cfg.model)
     h, inter = c.hidden_size, c.intermediate_size
     per_layer = rank * ((h + fig.attn_dim) * 2 + (h + fig.kv_dim) * 2 + 3 * (h + inter))
     return fig.layers * per_layer

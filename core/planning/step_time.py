@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from core.planning.model_figures import ModelFigures, figures, model_config
+from core.models.shapes import shape_config
+from core.planning.model_figures import ModelFigures, figures
 
 # name -> (value, where it comes from): the planner's only tuned figures, the same for every recipe and GPU.
 EFFICIENCY: dict[str, tuple[float, str]] = {
@@ -120,7 +121,7 @@ def estimate(cfg, plan, report: dict, efficiency: dict[str, float] | None = None
 
     eff = efficiencies(efficiency)
     ctx = Context(cfg=cfg, plan=plan, report=report, hw=hardware(cfg.hardware, eff),
-                  policy=figures(model_config(cfg.model)))
+                  policy=figures(shape_config(cfg.model)))
     ctx.assume("hardware", f"{ctx.hw.name}: {cfg.hardware.bf16_tflops} TFLOP/s bf16, {cfg.hardware.memory_gbps} GB/s "
                f"memory, links {cfg.hardware.intra_node_gbps} / {cfg.hardware.inter_node_gbps} / "
                f"{cfg.hardware.host_gbps} GB/s (intra-node, inter-node, host)", f"conf/hardware (datasheets)")
