@@ -109,6 +109,65 @@ def test_one_process_world_binds_the_devices_gpu_a_free_port_and_waits_once_vllm
     assert built == [[("init", "nccl")]] and fake.calls == [("init", "nccl"), ("barrier",)]
 
 
+def _llm_kwargs(monkeypatch, vllm_node: dict, free: int = 0, total: int = 80 * 2 ** 30) -> dict:
+    """The keyword arguments ``vllm.LLM`` gets from a one-process engine on the tiny model, on a faked GPU with
+    ``free`` of ``total`` bytes free (``torch.cuda.mem_get_info``), named as an H100."""
+    from core.rollout import vllm as engine
+    from tests import vllm_double
+    from tests.helpers import tiny_model
+
+    built = []
+    monkeypatch.setattr(engine, "dist", _FakeDist())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(vllm_double, "LLM", lambda **kw: built.append(kw) or vllm_double.RecordingLLM(**kw))
+    monkeypatch.setenv("MASTER_PORT", "")
+    model, tok = tiny_model()
+    VLLMRollout(model, tok, schema.node(schema.RolloutConfig, {"vllm": vllm_node}), vllm=vllm_double)
+    (kwargs,) = built
+    return kwargs
+
+
+def test_card_passes_the_fraction_of_the_whole_gpu_as_before(monkeypatch):
+    """``card`` (the default, stock vLLM's and TRL's meaning): gpu_memory_utilization as configured, no KV size, and
+    every argument as the engine passed before the switch existed; the free memory is never read."""
+    kwargs = _llm_kwargs(monkeypatch, {"gpu_memory_utilization": 0.45}, free=-1)
+    assert {k: v for k, v in kwargs.items() if k != "model"} == {
+        "dtype": "bfloat16", "gpu_memory_utilization": 0.45, "tensor_parallel_size": 1, "max_model_len": None,
+        "distributed_executor_backend": "external_launcher", "seed": 0, "logprobs_mode": "processed_logprobs",
+        "enable_prefix_caching": True, "enable_sleep_mode": False}
+
+
+def test_free_gives_vllm_the_kv_cache_verl_would_have_sized(monkeypatch):
+    """``free``: veRL 0.2's worker sizes the KV cache as the fraction of what is free once vLLM's weights and profile
+    run are in. On a faked H100 with 60 of 80 GiB free: the tiny model's bf16 weights (its parameters counted here,
+    tied embedding once) and the profile forward's estimate (4096 tokens, 1024 sequences' fp32 logits: vLLM's default
+    on a GPU this size), then 0.75 of the rest as ``kv_cache_memory_bytes``; gpu_memory_utilization is the share of
+    the card the engine takes, so vLLM's start-up check of that much free memory passes."""
+    GiB, free = 2 ** 30, 60 * 2 ** 30
+    kwargs = _llm_kwargs(monkeypatch, {"gpu_memory_utilization": 0.75, "gpu_memory_utilization_of": "free",
+                                       "max_num_batched_tokens": 4096}, free=free)
+    from tests.helpers import tiny_model
+
+    model, _ = tiny_model()
+    c = model.config
+    weights = 2 * sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    activations = 4096 * (2 * c.hidden_size + 3 * c.intermediate_size) * 2 + 1024 * c.vocab_size * 4
+    kv = int(0.75 * (free - weights - activations))
+    assert kwargs["kv_cache_memory_bytes"] == kv and 0.74 * free < kv < 0.75 * free
+    taken = kwargs["gpu_memory_utilization"] * 80 * GiB
+    assert weights + activations + kv - 80 * GiB * 1e-4 < taken <= weights + activations + kv
+    assert taken <= free  # vLLM's request_memory: free >= gpu_memory_utilization x the card
+
+
+def test_free_refuses_a_gpu_with_no_room_left_for_the_kv_cache(monkeypatch):
+    with pytest.raises(RuntimeError, match="gpu_memory_utilization_of=free: .* nothing left for its KV cache"):
+        _llm_kwargs(monkeypatch, {"gpu_memory_utilization_of": "free"}, free=1024)
+
+
 # --- the engine on the double, ZeRO-3 on 2 CPU ranks ------------------------------------------------------
 
 

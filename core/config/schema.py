@@ -136,6 +136,10 @@ class PromptDataConfig:
 class VllmConfig:
     dtype: str = ck("bfloat16", one_of("bfloat16", "float16", "float32", "auto"))  # TRL 1.16 colocate's (docs/vllm.md)
     gpu_memory_utilization: float = ck(0.3, lambda v: None if 0 < v <= 1 else "a fraction in (0, 1]")
+    # What gpu_memory_utilization is a fraction of (core/rollout/vllm_memory.py, docs/vllm.md): ``card``, the whole
+    # GPU (stock vLLM, TRL); ``free``, the memory free once vLLM's weights and profile run are in, its KV cache that
+    # share of it (veRL 0.2's vLLM 0.6.3 worker, SimpleRL-Zoo). Colocated engines only (rollout.engine=vllm).
+    gpu_memory_utilization_of: str = ck("card", one_of("card", "free"))
     tensor_parallel_size: int = ck(1, POS)
     max_model_len: Optional[int] = ck(None, OPT_POS)
     seed: int = ck(0, NONNEG)  # rank r samples with seed + r // tensor_parallel_size

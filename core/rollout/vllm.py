@@ -33,6 +33,7 @@ have not run it; its ``gpu``-marked test is written for the first GPU.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import socket
 
@@ -40,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from core.errors import InputError
+from core.rollout import vllm_memory as vm
 from core.rollout.batch import RolloutBatch, Sampling, eos_token_ids, from_token_lists
 
 
@@ -104,7 +106,7 @@ class VLLMRollout:
         self.llm = vllm.LLM(
             model=model.name_or_path,
             dtype=str(v.dtype),
-            gpu_memory_utilization=float(v.gpu_memory_utilization),
+            **memory_args(v, model, tp, self.device, self.tp_group),
             tensor_parallel_size=tp,
             max_model_len=v.max_model_len,
             distributed_executor_backend="external_launcher",
@@ -155,6 +157,50 @@ class VLLMRollout:
         lps = [[_chosen_logprob(step, tok) for step, tok in zip(o.outputs[0].logprobs or [], r)]
                for o, r in zip(outs, resp)]
         return from_token_lists(prompts, resp, lps, self.eos_ids, self.tokenizer.pad_token_id, self.device)
+
+
+def memory_args(v, model, tp: int, device: torch.device, group=None) -> dict:
+    """vLLM's memory arguments for ``rollout.vllm.gpu_memory_utilization_of`` (core/rollout/vllm_memory.py).
+
+    ``card``: ``gpu_memory_utilization`` as given, the whole GPU's fraction vLLM may use (stock vLLM, TRL). ``free``:
+    the KV cache veRL 0.2's worker would have sized, ``fraction x`` the memory free once vLLM's weights and profile run
+    are in, passed as ``kv_cache_memory_bytes`` (vLLM PR #21489: a KV size per GPU that "ignores
+    gpu_memory_utilization"; in the pinned vLLM 0.31.0 the worker's ``determine_available_memory`` returns it instead
+    of profiling). vLLM 0.31.0 still refuses to start when less than ``gpu_memory_utilization x the card`` is free at
+    its start (vllm/v1/worker/utils.py ``request_memory``, called in ``init_device`` whatever kv_cache_memory_bytes
+    says), so that fraction is passed as the share of the card the engine takes: weights, activations, KV cache.
+    The ranks of a tensor-parallel group take the smallest budget among them, as veRL's worker all-reduces the block
+    count (MIN over the TP group): the engine's ranks must hold the same number of blocks."""
+    fraction = float(v.gpu_memory_utilization)
+    if v.gpu_memory_utilization_of == "card":
+        return {"gpu_memory_utilization": fraction}
+    kv, used, total = _free_budget(v, model, tp, device)
+    if group is not None:
+        both = torch.tensor([kv, used], dtype=torch.int64, device=device)
+        dist.all_reduce(both, op=dist.ReduceOp.MIN, group=group)
+        kv, used = (int(x) for x in both.tolist())
+    return {"gpu_memory_utilization": math.floor(used / total * 1e4) / 1e4, "kv_cache_memory_bytes": kv}
+
+
+def _free_budget(v, model, tp: int, device: torch.device) -> tuple[int, int, int]:
+    """``(KV cache bytes, bytes the engine takes, the card's bytes)`` under ``free`` on this rank's GPU. The free memory
+    is measured now, just before the engine is built, after emptying torch's cache (veRL's worker empties it too: the
+    trainer's cached blocks are free to vLLM). vLLM's weights and profile activations cannot be measured before vLLM
+    loads them, and the budget must be given when the engine is built, so they are estimated from the model's config
+    (vllm_memory.py: the parameters in vLLM's dtype over TP; the profile forward of max_num_batched_tokens tokens)."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    dtype_bytes = vm.DTYPE_BYTES.get(str(v.dtype)) or model.dtype.itemsize  # "auto": the checkpoint's dtype
+    seqs = v.max_num_seqs or vm.default_max_num_seqs(total, torch.cuda.get_device_name(device))
+    weights = vm.weight_bytes(model.config, dtype_bytes, tp)
+    activations = vm.profile_activation_bytes(model.config, tp, v.max_num_batched_tokens or vm.PROFILE_TOKENS, seqs,
+                                              dtype_bytes)
+    kv = vm.free_kv_bytes(free, fraction=float(v.gpu_memory_utilization), weights=weights, activations=activations)
+    if kv <= 0:
+        raise RuntimeError(f"rollout.vllm.gpu_memory_utilization_of=free: {free / vm.GiB:.1f} GiB free on {device} "
+                           f"when vLLM starts does not hold its weights ({weights / vm.GiB:.1f} GiB) and profile run "
+                           f"({activations / vm.GiB:.1f} GiB): nothing left for its KV cache")
+    return kv, min(weights + activations + kv, free - vm.START_SLACK), total
 
 
 def gather_in_group(prompts: list[list[int]], group) -> tuple[list[list[int]], slice]:
