@@ -34,7 +34,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from core.errors import InputError, tool_main
-from core.planning.states import GiB, prompt_tokens, resident, state_parts
+from core.planning.states import GiB, at_vllm_start, prompt_tokens, resident, state_parts
 from core.registry import Registry
 # The probe's own settings over the recipe's: sdpa attention (flash-attn runs on CUDA only; same O(T) memory).
 PROBE_OVERRIDES = ["model.attn_implementation=sdpa"]
@@ -71,7 +71,8 @@ def probe_prepared(prepared, fake: bool = True) -> dict:
     tensors = FakeTensorMode(shape_env=ShapeEnv()) if fake else contextlib.nullcontext()
     with tensors, configs_only(cfg), flash_like_attention(), torch.random.fork_rng():
         phases, models = PHASES.get(cfg.loop)(cfg, prepared.plan)
-    res = resident(cfg, models, gpus)
+    at_start = at_vllm_start(cfg, prepared.plan, models, gpus)
+    res = resident(cfg, models, gpus, at_start)
     training = sum(v for k, v in res.items() if k != "vllm_awake")
     per_phase = {p.name: {"peak_bytes": training + p.activations, "activation_bytes": p.activations,
                           "flops": p.flops, "rows": p.rows, "tokens_per_row": p.tokens} for p in phases}
@@ -82,6 +83,7 @@ def probe_prepared(prepared, fake: bool = True) -> dict:
     return {"recipe": cfg.recipe_name, "hardware": {"name": hw.name, "memory_gib": float(hw.memory_gib),
                                                     "gpus": gpus, "nodes": int(hw.nodes)},
             "model": cfg.model.name_or_path, "phases": per_phase, "resident_bytes": res,
+            "trainer_bytes_at_vllm_start": at_start,
             # the trained models' states split (weights, gradients, optimiser, frozen): they sum to model_states
             # and critic_states (core/planning/states.py)
             "state_parts": {role: state_parts(m, cfg.zero, gpus) for role, m in models.items()

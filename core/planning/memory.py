@@ -27,13 +27,9 @@ NCCL_PER_COMMUNICATOR = 256 * 2 ** 20
 FRAGMENTATION = 0.05
 # DeepSpeed's defaults when zero.options leaves them out (deepspeed/runtime/zero/config.py): elements.
 ZERO_BUCKET_DEFAULTS = {"reduce_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 50_000_000}
-# vLLM's own needs inside its reservation, where the config leaves them to vLLM: the profile run's tokens (vLLM's
-# max_num_batched_tokens default varies by version, GPU and entry point: 8192 assumed) and CUDA graphs (vLLM logs
-# "Graph capturing finished ... took 0.3-1 GiB" for 1.5-8B models; assumed). Its max_num_seqs default:
-# core/planning/step_time.py VLLM_SEQS.
-VLLM_PROFILE_TOKENS = 8192
+# vLLM's CUDA graphs (vLLM logs "Graph capturing finished ... took 0.3-1 GiB" for 1.5-8B models; assumed). Its
+# profile run's tokens and max_num_seqs default: core/rollout/vllm_memory.py, shared with the engine.
 VLLM_CUDA_GRAPHS = 0.5 * GiB
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 ORDER = ("weights", "gradients", "optimizer", "lora", "critic", "reference", "activations", "vllm", "cuda_context",
          "nccl", "zero_buckets", "fragmentation")
@@ -108,7 +104,8 @@ def breakdown(cfg, plan, report: dict) -> dict:
     phases = {n: phase_parts(cfg, plan, report, n) for n in report["phases"]}
     totals = {n: sum(p.values()) for n, p in phases.items()}
     peak = max(totals, key=totals.get)
-    kv, extra = kv_cache(cfg, plan), overhead(cfg, plan, report["hardware"]["gpus"])
+    kv = kv_cache(cfg, plan, report.get("trainer_bytes_at_vllm_start", 0))
+    extra = overhead(cfg, plan, report["hardware"]["gpus"])
     per_gpu = totals[peak]
     verdict = "does not fit" if per_gpu > card else "tight" if per_gpu > (1 - MARGIN) * card else "fits"
     if kv is not None and kv["kv_bytes"] <= 0:
@@ -122,54 +119,76 @@ def breakdown(cfg, plan, report: dict) -> dict:
             "kv_cache": kv}
 
 
-def kv_cache(cfg, plan) -> dict | None:
-    """What a vLLM engine's reservation (``gpu_memory_utilization`` x the card, per GPU) leaves for its KV cache
-    after its weights (``params x dtype bytes / TP``), its profile run's activations and CUDA graphs, and how many
-    sequences of the recipe's prompt + response length that holds per engine. KV bytes per token (vLLM's cache
-    layout): ``2 (K and V) x layers x kv_heads x head_dim x dtype bytes``, the heads split over TP. None without
-    vLLM."""
+def kv_cache(cfg, plan, at_start: int = 0) -> dict | None:
+    """What a vLLM engine's reservation per GPU (:func:`vllm_reservation`; ``at_start``: what the trainer holds on the
+    GPU when a colocated engine is built) leaves for its KV cache after its weights, its profile run's activations and
+    CUDA graphs, and how many sequences of the recipe's prompt + response length that holds per engine
+    (:func:`kv_sequences`). None without vLLM."""
     engine = OmegaConf.select(cfg, "rollout.engine")
     if cfg.loop != "rl" or engine not in ("vllm", "vllm_server"):
         return None
-    from core.models.shapes import shape_config
-    from core.planning.model_figures import figures
     from core.planning.states import prompt_tokens
 
-    v, tp, c = cfg.rollout.vllm, plan.layout.tp, shape_config(cfg.model)
-    dtype, fig = DTYPE_BYTES[cfg.model.dtype if v.dtype == "auto" else v.dtype], figures(c)
-    head_dim = fig.kv_dim // c.num_key_value_heads
-    per_token = 2 * c.num_hidden_layers * fig.kv_dim * dtype  # whole model: K and V of every layer
-    # per GPU: the KV heads split over the engine's TP ranks (each keeps at least one, replicated past the heads)
-    per_token_gpu = 2 * c.num_hidden_layers * max(1, c.num_key_value_heads // tp) * head_dim * dtype
-    reservation = int(float(v.gpu_memory_utilization) * float(cfg.hardware.memory_gib) * GiB)
-    weights = fig.params * dtype // tp
-    tokens, seqs = v.max_num_batched_tokens or VLLM_PROFILE_TOKENS, max_num_seqs(cfg)
-    # the profile forward's peak: residual and hidden states plus the MLP's gate/up and activation outputs of
-    # every token, and the sampler's fp32 logits of each sequence's last token
-    activations = tokens * (2 * c.hidden_size + 3 * c.intermediate_size // tp) * dtype + seqs * c.vocab_size * 4
-    kv = reservation - weights - activations - int(VLLM_CUDA_GRAPHS)
+    parts = vllm_reservation(cfg, at_start)
     length = prompt_tokens(cfg) + int(cfg.rollout.max_new_tokens)
     batch = cfg.rollout.get("generation_batch_size") or plan.samples_per_step
-    return {"where": "rollout GPUs (dedicated)" if engine == "vllm_server" else "learner GPUs (colocated)",
-            "engines": plan.layout.engines, "tp": tp, "reservation_bytes": reservation, "weights_bytes": weights,
-            "activation_bytes": activations, "cuda_graph_bytes": int(VLLM_CUDA_GRAPHS), "kv_bytes": kv,
-            "kv_bytes_per_token": per_token, "kv_bytes_per_token_per_gpu": per_token_gpu,
-            "tokens_per_sequence": length, "sequences": max(0, kv) // (per_token_gpu * length),
-            "sequences_wanted": min(-(-batch // plan.layout.engines), seqs)}
+    out = {"where": "rollout GPUs (dedicated)" if engine == "vllm_server" else "learner GPUs (colocated)",
+           "engines": plan.layout.engines, "tp": plan.layout.tp, **parts, "tokens_per_sequence": length,
+           "sequences_wanted": min(-(-batch // plan.layout.engines), max_num_seqs(cfg))}
+    return {**out, "sequences": kv_sequences(out, length)}
+
+
+def kv_sequences(kv: dict, tokens: int) -> int:
+    """Sequences of ``tokens`` tokens the KV cache of :func:`kv_cache` holds per engine (each GPU of an engine keeps its
+    share of the KV heads of every sequence)."""
+    return max(0, kv["kv_bytes"]) // (kv["kv_bytes_per_token_per_gpu"] * tokens)
+
+
+def vllm_reservation(cfg, at_start: int = 0) -> dict:
+    """A vLLM engine's memory per GPU by ``rollout.vllm.gpu_memory_utilization_of`` (core/rollout/vllm_memory.py):
+    its weights (``params x dtype bytes / TP``), profile activations, CUDA graphs, KV cache and their sum, the
+    reservation. ``card``: the reservation is ``fraction x the card`` and the KV cache what it leaves; ``free``: the
+    KV cache is ``fraction x (card - at_start - weights - activations)``, veRL's, and the reservation the parts' sum.
+    KV bytes per token (vLLM's cache layout): ``2 (K and V) x layers x kv_heads x head_dim x dtype bytes``, the
+    heads split over TP (each GPU keeps at least one, replicated past the heads)."""
+    from core.models.shapes import shape_config
+    from core.planning.model_figures import figures
+    from core.rollout import vllm_memory as vm
+
+    v, c = cfg.rollout.vllm, shape_config(cfg.model)
+    tp, fraction, card = int(v.tensor_parallel_size), float(v.gpu_memory_utilization), int(
+        float(cfg.hardware.memory_gib) * GiB)
+    dtype, fig = vm.DTYPE_BYTES[cfg.model.dtype if v.dtype == "auto" else v.dtype], figures(c)
+    weights, graphs = vm.weight_bytes(c, dtype, tp), int(VLLM_CUDA_GRAPHS)
+    activations = vm.profile_activation_bytes(c, tp, v.max_num_batched_tokens or vm.PROFILE_TOKENS, max_num_seqs(cfg),
+                                              dtype)
+    if v.gpu_memory_utilization_of == "free":
+        kv = vm.free_kv_bytes(card - at_start, fraction, weights, activations)
+        reservation = weights + activations + graphs + max(0, kv)
+    else:
+        reservation = int(fraction * card)
+        kv = reservation - weights - activations - graphs
+    head_dim = fig.kv_dim // c.num_key_value_heads
+    return {"fraction_of": str(v.gpu_memory_utilization_of), "fraction": fraction, "free_at_start_bytes":
+            card - at_start, "reservation_bytes": reservation, "weights_bytes": weights,
+            "activation_bytes": activations, "cuda_graph_bytes": graphs, "kv_bytes": kv,
+            "kv_bytes_per_token": 2 * c.num_hidden_layers * fig.kv_dim * dtype,  # whole model: K and V of every layer
+            "kv_bytes_per_token_per_gpu": 2 * c.num_hidden_layers * max(1, c.num_key_value_heads // tp) * head_dim
+            * dtype}
 
 
 def max_num_seqs(cfg) -> int:
-    """vLLM's ``max_num_seqs``: the config's, else vLLM's default (V1: 1024 on GPUs of >= 70 GiB other than the A100,
-    else 256; core/planning/step_time.py ``VLLM_SEQS``)."""
-    from core.planning.step_time import VLLM_SEQS
+    """vLLM's ``max_num_seqs``: the config's, else vLLM's default on the profile's GPU (core/rollout/vllm_memory.py)."""
+    from core.rollout.vllm_memory import default_max_num_seqs
 
     hw = cfg.hardware
-    large = float(hw.memory_gib) >= 70 and "A100" not in str(hw.name)
-    return int(cfg.rollout.vllm.max_num_seqs or VLLM_SEQS["large" if large else "small"])
+    return int(cfg.rollout.vllm.max_num_seqs or default_max_num_seqs(float(hw.memory_gib) * GiB, str(hw.name)))
 
 
 def assumptions(cfg) -> list[list]:
     """The memory side's assumptions as ``[name, value, where it comes from]`` (the time side adds its own)."""
+    from core.rollout.vllm_memory import PROFILE_TOKENS
+
     out = [["memory.rows", "full length", "every probed micro-batch is the longest (prompt + max_new_tokens, or "
                                           "train.max_len): the worst micro-step, what a run must survive"],
            ["memory.attention", "flash (O(T))", "the probe runs sdpa's flash kernel, no T x T mask, as flash-attn"],
@@ -178,9 +197,13 @@ def assumptions(cfg) -> list[list]:
            ["memory.fragmentation", FRAGMENTATION, "of the trainer's allocated peak (caching allocator)"],
            ["memory.margin", MARGIN, "within this fraction of the card the plan is tight and knobs are ranked"]]
     if cfg.loop == "rl" and cfg.rollout.engine in ("vllm", "vllm_server"):
-        out += [["vllm.accounting", "on top", "vLLM >= 0.22 (constraints/gpu.txt) reserves gpu_memory_utilization x "
-                                              "the card beside what the trainer holds (vLLM 0.6 counted it inside)"],
-                ["vllm.max_num_batched_tokens", cfg.rollout.vllm.max_num_batched_tokens or VLLM_PROFILE_TOKENS,
+        free = cfg.rollout.vllm.gpu_memory_utilization_of == "free"
+        out += [["vllm.accounting", "of free" if free else "of the card",
+                 "the KV cache is gpu_memory_utilization x what is free once the trainer's states (at the engine's "
+                 "start) and vLLM's weights and profile run are in (veRL 0.2's vLLM 0.6.3 worker; passed to vLLM as "
+                 "kv_cache_memory_bytes)" if free else "vLLM (constraints/gpu.txt) reserves gpu_memory_utilization x "
+                 "the card beside what the trainer holds"],
+                ["vllm.max_num_batched_tokens", cfg.rollout.vllm.max_num_batched_tokens or PROFILE_TOKENS,
                  "the config's, else assumed (vLLM's default varies)"],
                 ["vllm.max_num_seqs", max_num_seqs(cfg), "the config's, else vLLM's V1 default"],
                 ["vllm.cuda_graphs_gib", VLLM_CUDA_GRAPHS / GiB, "vLLM's capture log for 1.5-8B models (0.3-1 GiB)"]]

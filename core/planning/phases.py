@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from core.models.shapes import shape_config
 from core.planning.model_figures import figures
-from core.planning.step_time import (CPU_ADAM_PARAMS_PER_S, HF_DECODE_LAYER_SECONDS, VERIFY_SECONDS, VLLM_SEQS,
-                                     Context, ceil_div, flop_scale, ring)
+from core.planning import memory
+from core.planning.step_time import (CPU_ADAM_PARAMS_PER_S, HF_DECODE_LAYER_SECONDS, VERIFY_SECONDS, Context,
+                                     ceil_div, flop_scale, ring)
 from core.registry import Registry
 
 # loop -> fn(Context) -> (dict phase -> seconds, set of overlapped phases)
@@ -86,7 +87,7 @@ def generate_seconds(ctx: Context, P: int, R: int, R_cap: int) -> float:
     n = ceil_div(plan.samples_per_step, engines)
     prompts = n / plan.group_size if engine != "hf" and _prefix_cache(cfg) else n
     prefill = prompts * P * fig.forward_flops(P / 2) / (tp * hw.flops)
-    slots = _concurrency(ctx, n, P + R, tp)
+    slots = _concurrency(ctx, n, P + R)
     # continuous batching refills a finished slot; HF generate runs a wave to its longest completion
     iters = max(R_cap, ceil_div(n * R, slots)) if engine != "hf" else ceil_div(n, slots) * R_cap
     weights = iters * fig.weight_bytes / (tp * hw.mem)
@@ -112,19 +113,16 @@ def _prefix_cache(cfg) -> bool:
     return bool(v is not None and v.enable_prefix_caching)
 
 
-def _concurrency(ctx: Context, n: int, seq_tokens: int, tp: int) -> int:
-    """Sequences decoded at once: vLLM's ``max_num_seqs`` and what its KV cache holds at ``seq_tokens`` each; HF
-    ``generate``: ``rollout.generation_batch_size`` (0: every completion of the rank at once)."""
-    cfg, hw, fig = ctx.cfg, ctx.hw, ctx.policy
+def _concurrency(ctx: Context, n: int, seq_tokens: int) -> int:
+    """Sequences decoded at once: vLLM's ``max_num_seqs`` and what its KV cache holds at ``seq_tokens`` each, both
+    from the memory side (core/planning/memory.py ``kv_cache``, ``max_num_seqs``: one model of the reservation for
+    both sides); HF ``generate``: ``rollout.generation_batch_size`` (0: every completion of the rank at once)."""
+    cfg = ctx.cfg
     if str(cfg.rollout.engine) == "hf":
         per_rank = int(cfg.rollout.generation_batch_size) // ctx.plan.world_size
         return max(1, min(n, per_rank or n))
-    v = cfg.rollout.vllm
-    seqs = int(v.max_num_seqs or VLLM_SEQS["large" if hw.memory_bytes >= 70 * 2 ** 30 and "A100" not in hw.name
-                                          else "small"])
-    cache = tp * float(v.gpu_memory_utilization) * hw.memory_bytes - fig.weight_bytes
-    fits = int(cache // (seq_tokens * fig.kv_bytes_per_token)) if cache > 0 else 1
-    return max(1, min(n, seqs, fits))
+    kv = memory.kv_cache(cfg, ctx.plan, ctx.report.get("trainer_bytes_at_vllm_start", 0))
+    return max(1, min(n, memory.max_num_seqs(cfg), memory.kv_sequences(kv, seq_tokens)))
 
 
 # ----------------------------------------------------------------------------- ZeRO, offload, weight sync

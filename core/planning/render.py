@@ -60,6 +60,11 @@ def _kv_lines(kv: dict | None) -> list[str]:
            f"  KV {kv['kv_bytes_per_token'] / 1024:.0f} KiB per token (2 x layers x kv_heads x head_dim x dtype "
            f"bytes; {kv['kv_bytes_per_token_per_gpu'] / 1024:.0f} KiB per GPU): {kv['sequences']} sequences of "
            f"{kv['tokens_per_sequence']} tokens per engine; a step runs up to {wanted} at once"]
+    if kv["fraction_of"] == "free":
+        left = kv["free_at_start_bytes"] - kv["weights_bytes"] - kv["activation_bytes"]
+        out.append(f"  KV cache = {kv['fraction']} x the {_gib(left)} GiB free once the trainer's states at the engine's "
+                   f"start ({_gib(kv['free_at_start_bytes'])} GiB free then), its weights and its profile run are in "
+                   f"(gpu_memory_utilization_of=free, veRL 0.2's worker)")
     if kv["sequences"] < wanted:
         out.append("  fewer than the step runs at once: vLLM queues or preempts the rest (slower, not out of memory)")
     return out

@@ -89,20 +89,48 @@ def frozen_bytes(model, zero, gpus: int) -> int:
     return 2 * largest + (0 if zero.offload_reference else 2 * n // gpus)
 
 
-def vllm_bytes(cfg) -> tuple[int, int]:
-    """``(awake, during training)`` bytes of a vLLM colocated on a learner GPU: ``gpu_memory_utilization`` x the GPU
-    while it generates; while the trainer runs, nothing if it sleeps (level 1 offloads the weights to CPU memory
+def engine_start_bytes(model, zero, gpus: int) -> int:
+    """A trained model's states per GPU just after its optimiser engine is built: all of them under DeepSpeed (ZeRO 1-3
+    allocate the fp32 master weights, Adam's moments and the gradient partitions in their constructors:
+    deepspeed/runtime/zero/stage3.py ``_setup_for_real_optimizer``, stage_1_and_2.py ``initialize_optimizer_states``);
+    on the plain engine (stage 0) the bf16 weights (2N) and their fp32 master copies (4N) only: torch's AdamW creates
+    its moments at the first step and the gradients come with the first backward (core/training/engine.py)."""
+    parts = state_parts(model, zero, gpus)
+    return sum(parts.values()) if int(zero.stage) else parts["frozen"] + 3 * parts["weights"]
+
+
+def at_vllm_start(cfg, plan, models: dict, gpus: int) -> int:
+    """Bytes per GPU the trainer holds when a colocated vLLM engine is built (recipes/rl.py ``setup``: after the
+    optimiser engines, before the reference goes onto the device): the trained models' states
+    (:func:`engine_start_bytes`) and the overhead every process carries (core/planning/memory.py ``overhead``: CUDA
+    context, NCCL, DeepSpeed's buckets). What ``rollout.vllm.gpu_memory_utilization_of=free`` sees taken."""
+    if cfg.loop != "rl" or cfg.rollout.engine != "vllm":
+        return 0
+    from core.planning.memory import overhead
+
+    trained = [models[r] for r in ("policy", "critic") if models.get(r) is not None]
+    return sum(engine_start_bytes(m, cfg.zero, gpus) for m in trained) + sum(b for _, b, _ in overhead(cfg, plan, gpus))
+
+
+def vllm_bytes(cfg, at_start: int = 0) -> tuple[int, int]:
+    """``(awake, during training)`` bytes of a vLLM colocated on a learner GPU: its reservation while it generates
+    (core/planning/memory.py ``vllm_reservation``: ``gpu_memory_utilization`` x the GPU, or under ``free`` its weights,
+    activations, CUDA graphs and the KV cache sized from what is free beside the ``at_start`` bytes the trainer held
+    when it was built); while the trainer runs, nothing if it sleeps (level 1 offloads the weights to CPU memory
     and frees the KV cache, level 2 discards both: docs/vllm.md), else the same. Dedicated vLLM GPUs: none here."""
     if cfg.loop != "rl" or cfg.rollout.engine != "vllm":
         return 0, 0
+    from core.planning.memory import vllm_reservation
+
     v = cfg.rollout.vllm
-    awake = int(float(v.gpu_memory_utilization) * float(cfg.hardware.memory_gib) * GiB)
+    awake = vllm_reservation(cfg, at_start)["reservation_bytes"]
     return awake, 0 if v.enable_sleep_mode else awake
 
 
-def resident(cfg, models: dict, gpus: int) -> dict:
-    """Bytes per GPU held across every micro-step: model states of the trained models, the reference, vLLM."""
-    awake, training = vllm_bytes(cfg)
+def resident(cfg, models: dict, gpus: int, at_start: int = 0) -> dict:
+    """Bytes per GPU held across every micro-step: model states of the trained models, the reference, vLLM (``at_start``:
+    :func:`at_vllm_start`)."""
+    awake, training = vllm_bytes(cfg, at_start)
     return {"model_states": model_states(models["policy"], cfg.zero, gpus),
             "critic_states": model_states(models["critic"], cfg.zero, gpus) if models["critic"] is not None else 0,
             "reference": frozen_bytes(models["reference"], cfg.zero, gpus) if models["reference"] is not None else 0,

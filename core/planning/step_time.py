@@ -54,9 +54,6 @@ CPU_ADAM_PARAMS_PER_S = (1e9, "parameters per second DeepSpeed's CPU Adam update
 # 25.5 tok/s and calls it CPU-overhead bound: 1 / 25.5 s over 32 layers = 1.2 ms per layer.
 HF_DECODE_LAYER_SECONDS = (1.2e-3, "host seconds per decoder layer per HF generate decode iteration (eager LLaMA-7B at "
                                    "batch 1, A100: 25.5 tok/s over 32 layers, overhead-bound; PyTorch blog 'GPT, Fast')")
-# vLLM's default max_num_seqs (vllm/engine/arg_utils.py _set_default_args_v1, V1 engine): 1024 on GPUs of >= 70 GiB
-# other than the A100, else 256
-VLLM_SEQS = {"large": 1024, "small": 256}
 
 
 @dataclass(frozen=True)

@@ -43,12 +43,16 @@ def vllm_problems(name: str, cfg, packages: bool = True) -> list[str]:
 
 
 def server_problems(name: str, cfg, packages: bool = True) -> list[str]:
-    """``vllm_server``: TRL's client (``rollout.server.client=trl.*``) needs vLLM on the learners."""
-    client = OmegaConf.select(cfg, "rollout.server.client")
+    """``vllm_server``: TRL's client (``rollout.server.client=trl.*``) needs vLLM on the learners; a server's GPU is its
+    own, so its memory share is of the card (``gpu_memory_utilization_of=free`` is a colocated engine's)."""
+    client, errors = OmegaConf.select(cfg, "rollout.server.client"), []
     if str(client).startswith("trl.") and packages and not installed("vllm"):
-        return [f"rollout.engine=vllm_server with rollout.server.client={client}: TRL's client pushes weights "
-                f"through vLLM's NCCL weight transfer, so the learners need vLLM installed (the gpu extra)"]
-    return []
+        errors.append(f"rollout.engine=vllm_server with rollout.server.client={client}: TRL's client pushes weights "
+                      f"through vLLM's NCCL weight transfer, so the learners need vLLM installed (the gpu extra)")
+    if OmegaConf.select(cfg, "rollout.vllm.gpu_memory_utilization_of") == "free":
+        errors.append("rollout.vllm.gpu_memory_utilization_of=free with rollout.engine=vllm_server: a server has its "
+                      "GPU to itself and `vllm serve` takes a fraction of the card; use card (the default)")
+    return errors
 
 
 # Each engine's module is imported when the engine is first built: vllm's imports GPU-only packages, and no run pays
