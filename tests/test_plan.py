@@ -55,8 +55,8 @@ def test_kv_cache_of_qwen2_5_7b_and_what_a_larger_reservation_leaves():
     halved per GPU by TP 2; a larger gpu_memory_utilization leaves more sequences of 1024 + 8192 tokens."""
     from recipes.probe import prepared_config
 
-    def kv(*extra):
-        prepared = prepared_config(["recipe=simplerl_zoo_7b", *extra])
+    def kv(*extra):  # the whole card's fraction (stock vLLM); the recipe's own meaning, free: the next test
+        prepared = prepared_config(["recipe=simplerl_zoo_7b", "rollout.vllm.gpu_memory_utilization_of=card", *extra])
         return memory.kv_cache(prepared.config, prepared.plan)
 
     base, more = kv(), kv("rollout.vllm.gpu_memory_utilization=0.85")
@@ -66,6 +66,23 @@ def test_kv_cache_of_qwen2_5_7b_and_what_a_larger_reservation_leaves():
     assert base["sequences"] == base["kv_bytes"] // (base["kv_bytes_per_token_per_gpu"] * 9216) > 0
     gained = more["reservation_bytes"] - base["reservation_bytes"]
     assert more["kv_bytes"] - base["kv_bytes"] == gained and more["sequences"] > base["sequences"]
+
+
+def test_free_sizes_the_kv_cache_from_what_the_trainer_leaves_when_the_engine_starts():
+    """simplerl_zoo_7b as the source ran it (gpu_memory_utilization_of=free, veRL 0.2's worker): the KV cache is 0.75 x
+    what the card keeps free once the trainer's bytes at the engine's start, vLLM's weights and its profile run are in;
+    10 GiB more held by the trainer then is 7.5 GiB less KV cache; the reservation is the parts' sum."""
+    from recipes.probe import prepared_config
+
+    prepared = prepared_config(["recipe=simplerl_zoo_7b"])
+    light, heavy = (memory.kv_cache(prepared.config, prepared.plan, held * GiB) for held in (10, 20))
+    card = int(79.65 * GiB)
+    assert light["fraction_of"] == "free" and light["weights_bytes"] == 7_615_616_512 * 2 // 2  # Qwen2.5-7B, TP 2
+    assert light["kv_bytes"] == int(0.75 * (card - 10 * GiB - light["weights_bytes"] - light["activation_bytes"]))
+    assert abs(light["kv_bytes"] - heavy["kv_bytes"] - 0.75 * 10 * GiB) <= 1
+    assert light["reservation_bytes"] == sum(light[k] for k in ("weights_bytes", "activation_bytes",
+                                                                "cuda_graph_bytes", "kv_bytes"))
+    assert heavy["sequences"] < light["sequences"]
 
 
 def test_the_4090_reward_model_at_8192_tokens_does_not_fit():

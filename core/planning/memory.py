@@ -156,21 +156,20 @@ def vllm_reservation(cfg, at_start: int = 0) -> dict:
     from core.rollout import vllm_memory as vm
 
     v, c = cfg.rollout.vllm, shape_config(cfg.model)
-    tp, fraction, card = int(v.tensor_parallel_size), float(v.gpu_memory_utilization), int(
-        float(cfg.hardware.memory_gib) * GiB)
+    tp, fraction, gib = int(v.tensor_parallel_size), float(v.gpu_memory_utilization), float(cfg.hardware.memory_gib)
     dtype, fig = vm.DTYPE_BYTES[cfg.model.dtype if v.dtype == "auto" else v.dtype], figures(c)
     weights, graphs = vm.weight_bytes(c, dtype, tp), int(VLLM_CUDA_GRAPHS)
     activations = vm.profile_activation_bytes(c, tp, v.max_num_batched_tokens or vm.PROFILE_TOKENS, max_num_seqs(cfg),
                                               dtype)
     if v.gpu_memory_utilization_of == "free":
-        kv = vm.free_kv_bytes(card - at_start, fraction, weights, activations)
+        kv = vm.free_kv_bytes(int(gib * GiB) - at_start, fraction, weights, activations)
         reservation = weights + activations + graphs + max(0, kv)
     else:
-        reservation = int(fraction * card)
+        reservation = int(fraction * gib * GiB)
         kv = reservation - weights - activations - graphs
     head_dim = fig.kv_dim // c.num_key_value_heads
     return {"fraction_of": str(v.gpu_memory_utilization_of), "fraction": fraction, "free_at_start_bytes":
-            card - at_start, "reservation_bytes": reservation, "weights_bytes": weights,
+            int(gib * GiB) - at_start, "reservation_bytes": reservation, "weights_bytes": weights,
             "activation_bytes": activations, "cuda_graph_bytes": graphs, "kv_bytes": kv,
             "kv_bytes_per_token": 2 * c.num_hidden_layers * fig.kv_dim * dtype,  # whole model: K and V of every layer
             "kv_bytes_per_token_per_gpu": 2 * c.num_hidden_layers * max(1, c.num_key_value_heads // tp) * head_dim
