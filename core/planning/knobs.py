@@ -78,7 +78,9 @@ def _generations(cfg):
 
 
 def _vllm_memory(cfg):
-    """A colocated vLLM's reservation cut by a third (rounded down to 0.05): less KV cache, fewer sequences at once."""
+    """A colocated vLLM's ``gpu_memory_utilization`` cut by a third (rounded down to 0.05), of the card or of the free
+    memory as ``gpu_memory_utilization_of`` reads it (the re-probe models both): less KV cache, fewer sequences at
+    once."""
     if cfg.loop != "rl" or cfg.rollout.engine != "vllm":
         return None
     util = int(float(cfg.rollout.vllm.gpu_memory_utilization) * 2 / 3 * 20) / 20
