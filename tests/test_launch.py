@@ -326,6 +326,13 @@ def test_the_sbatch_values_of_a_dedicated_layout(composed):
               "train.micro_batch_size=8"])
 
 
+def test_a_server_takes_its_memory_share_of_the_card(composed):
+    """``vllm serve`` has its GPU to itself and takes ``--gpu-memory-utilization`` of the card: the colocated engine's
+    ``gpu_memory_utilization_of=free`` (veRL's meaning) is refused for it, naming the key."""
+    with pytest.raises(ConfigError, match="rollout.vllm.gpu_memory_utilization_of=free with rollout.engine=vllm_server"):
+        sbatch_values([*DEDICATED_ARGS, "rollout.vllm.gpu_memory_utilization_of=free", "hydra.run.dir=/runs/x"])
+
+
 def test_the_sbatch_script_starts_the_server_and_splits_a_shared_node(tmp_path, monkeypatch):
     _stubs(tmp_path, monkeypatch, **DEDICATED)
     proc = _sbatch(tmp_path, "python", "layout=dedicated", hosts="gpu-a")
