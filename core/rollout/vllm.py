@@ -23,6 +23,10 @@ mode (``trl/generation/vllm_generation.py``, ``VLLMGeneration``):
   again at ``sleep_level``; at 2, TRL's level, weights and KV cache are discarded and the next push
   refills the weights. The training phases get that memory back.
 
+- Memory (:func:`memory_args`, ``rollout.vllm.gpu_memory_utilization_of``): ``card`` passes
+  ``gpu_memory_utilization``, the whole GPU's share (stock vLLM, TRL); ``free`` measures the free memory just before
+  the build and passes the KV cache veRL 0.2's worker would size from it as ``kv_cache_memory_bytes``.
+
 Log-probs: ``logprobs_mode="processed_logprobs"``, i.e. after temperature (and top-p/top-k) processing,
 which equals the ``hf`` engine's temperature-scaled log-probs when top-p = 1 and top-k is off.
 
