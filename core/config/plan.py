@@ -75,7 +75,7 @@ class Schedule:
         return per_rl_step(self.name)
 
     def warmup(self, total: int) -> int:
-        """Warmup steps of a schedule over ``total`` of its steps (optimiser steps, or RL steps: :attr:`per_rl_step`)."""
+        """Warmup steps of a schedule over ``total`` of its steps (optimiser or RL steps: :attr:`per_rl_step`)."""
         from core.training.optim import warmup_steps
 
         return warmup_steps(self, total)
