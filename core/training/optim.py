@@ -37,7 +37,7 @@ def warmup_steps(sched_cfg, total_steps: int) -> int:
     args.warmup_ratio >= 0.0: warm_up_steps = int(num_training_steps * args.warmup_ratio)``, always true, so
     ``warmup_steps`` is ignored and the ratio's warmup is rounded down."""
     ratio = float(sched_cfg.warmup_ratio)
-    if sched_cfg.warmup_override_bug or ratio and per_rl_step(sched_cfg.name):
+    if sched_cfg.warmup_override_bug or (ratio and per_rl_step(sched_cfg.name)):
         return int(total_steps * ratio)
     if ratio:
         return math.ceil(ratio * total_steps)
