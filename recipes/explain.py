@@ -82,8 +82,20 @@ def lines(cfg, n: dict) -> list[str]:
                     f"{n['samples']} completions / {n['rows']} rows)")
         out.append(run)
         out.append(f"  {n['total_steps']} x {n['updates_per_step']} = {n['total_updates']} optimiser steps; schedule "
-                   f"{cfg.optim.scheduler.name} over {n['total_updates']}, warmup {n['warmup']}")
+                   + _schedule(cfg.optim, n))
     return out
+
+
+def _schedule(optim, n: dict) -> str:
+    """The schedule's length and warmup in its own steps; one stepped per RL step says the first RL step's lr."""
+    from core.training.optim import lr_factors, per_rl_step
+
+    sched = optim.scheduler
+    if not per_rl_step(sched.name):
+        return f"{sched.name} over {n['total_updates']}, warmup {n['warmup']}"
+    first = lr_factors(sched, n["total_updates"], n["updates_per_step"], 1)[0] * float(optim.optimizer.lr)
+    return (f"{sched.name} over {n['total_steps']} RL steps (one lr per RL step), warmup {n['warmup']}: RL step 1 at "
+            f"lr {first:g}")
 
 
 def _generation(cfg, n: dict) -> str:

@@ -47,10 +47,10 @@ def setup_models(cfg, plan: RLPlan, backend: Backend, path: str):
     trained ones in their optimiser engines, the schedule over the run's optimiser steps."""
     with announced(log, f"building models: {', '.join(m.role for m in plan.models)} from {path}"):
         policy, ref, critic = load_models(cfg, plan, path, backend)
-        updates, micro = plan.total_optimizer_steps, cfg.train.micro_batch_size
-        policy = backend.train_engine(policy, cfg.optim, updates, plan.grad_accum, micro)
+        updates, micro, per = plan.total_optimizer_steps, cfg.train.micro_batch_size, plan.optimizer_steps_per_step
+        policy = backend.train_engine(policy, cfg.optim, updates, plan.grad_accum, micro, per)
         if critic is not None:
-            critic = backend.train_engine(critic, critic_optim(cfg), updates, plan.grad_accum, micro)
+            critic = backend.train_engine(critic, critic_optim(cfg), updates, plan.grad_accum, micro, per)
     return policy, critic, ref
 
 

@@ -40,6 +40,7 @@ SELECTED_BY = {
     "core.reporting.source_views:SOURCE_VIEWS": ["source.name"],
     "core.rollout:ROLLOUT_ENGINES": ["rollout.engine"],
     "core.rollout.texts:REWARD_TEXTS": ["verifier.text"],
+    "core.training.optim:SCHEDULES": ["optim.scheduler.name"],
     "recipes:LOOPS": ["loop"],
     "recipes.eval:POLICIES": ["rollout.engine"],
     "recipes.explain:EXPLANATIONS": ["loop"],
@@ -126,7 +127,7 @@ def yaml_values() -> list[tuple[str, object]]:
 
 def test_every_registry_is_found_and_picked_by_a_config_key():
     found = registries()
-    assert len(found) == 26 and sum(len(r.names()) for r in found.values()) == 98
+    assert len(found) == 27 and sum(len(r.names()) for r in found.values()) == 99
     assert sorted(found) == sorted(SELECTED_BY)
     bound = schema_bindings()
     assert len(bound) == 16 and sum(len(f) for f in bound.values()) == 23
@@ -146,7 +147,7 @@ def test_every_entry_is_named_by_a_config_value_or_is_a_command_line_option():
         if missing:
             unreached[reg] = missing
     assert unreached == COMMAND_LINE_ONLY
-    assert reached == 82 and sum(map(len, COMMAND_LINE_ONLY.values())) == 16
+    assert reached == 83 and sum(map(len, COMMAND_LINE_ONLY.values())) == 16
 
 
 def test_every_entry_resolves_to_a_callable():
@@ -155,7 +156,7 @@ def test_every_entry_resolves_to_a_callable():
         for name in registry.names():
             assert callable(registry.get(name)), f"{reg} {name}"
             count += 1
-    assert count == 98
+    assert count == 99
 
 
 LAZY = """

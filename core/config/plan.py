@@ -67,8 +67,15 @@ class Schedule:
     warmup_steps: int
     warmup_override_bug: bool
 
+    @property
+    def per_rl_step(self) -> bool:
+        """One value per RL step, its warmup in RL steps (veRL's ``verl_constant``), not per optimiser step."""
+        from core.training.optim import per_rl_step
+
+        return per_rl_step(self.name)
+
     def warmup(self, total: int) -> int:
-        """Warmup optimiser steps of a schedule over ``total`` optimiser steps."""
+        """Warmup steps of a schedule over ``total`` of its steps (optimiser or RL steps: :attr:`per_rl_step`)."""
         from core.training.optim import warmup_steps
 
         return warmup_steps(self, total)
@@ -96,8 +103,9 @@ class RunPlan:
 
     @property
     def warmup(self) -> int | None:
-        """Warmup optimiser steps of the schedule over the run (None until its steps are known)."""
-        total = self.total_optimizer_steps
+        """Warmup steps of the schedule over the run, in its own steps (optimiser steps, or RL steps for a schedule
+        :attr:`Schedule.per_rl_step`); None until the run's steps are known."""
+        total = self.total_steps if self.schedule.per_rl_step else self.total_optimizer_steps
         return None if total is None else self.schedule.warmup(total)
 
     def model(self, role: str) -> Model | None:

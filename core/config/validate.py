@@ -23,7 +23,7 @@ from core.config.warm_start import decide
 from core.errors import InputError
 from core.models.loading import model_source_problem
 from core.rollout import ROLLOUT_ENGINES
-from core.training.optim import CPU_ADAM_MODES
+from core.training.optim import CPU_ADAM_MODES, SCHEDULES
 from core.registry import Registry, installed
 from verifiers import VERIFIERS
 
@@ -36,9 +36,10 @@ def problems(cfg, world: int, packages: bool = True) -> list[str]:
     """Every reason the scaled config ``cfg`` cannot run in a world of ``world`` learner ranks, each owned by what
     it checks: every key against its schema (unknown keys, ranges: core/config/checking.py), the layout
     (core/config/layout.py) and the loop's batches split over its learners (:data:`BATCH_SPLITS`), the sharding,
-    optimiser and models both loops share, a writable results table, the local data files, and the loop's own
-    settings (:data:`LOOP_CHECKS`). ``packages=False`` leaves out what only the machine that runs it must hold: the
-    gpu extra the config names (vLLM, flash-attn) and the data files (``recipes.explain`` on a laptop)."""
+    optimiser, schedule (its entry's check in core/training/optim.py ``SCHEDULES``) and models both loops share, a
+    writable results table, the local data files, and the loop's own settings (:data:`LOOP_CHECKS`). ``packages=False``
+    leaves out what only the machine that runs it must hold: the gpu extra the config names (vLLM, flash-attn) and the
+    data files (``recipes.explain`` on a laptop)."""
     errors = check_schema(cfg)
     bad = {re.match(r"[\w.]+", e).group(0) for e in errors}  # keys out of range: the checks that divide by them wait
     if not any(k.startswith("layout.") for k in bad):
@@ -47,6 +48,7 @@ def problems(cfg, world: int, packages: bool = True) -> list[str]:
             errors += BATCH_SPLITS.get(cfg.loop)(cfg.train, cfg.layout.learner_gpus)
     errors += _zero_problems(cfg.zero, cfg.optim.optimizer)
     errors += _optimizer_problems(cfg.optim.optimizer)
+    errors += SCHEDULES.problems(cfg.optim.scheduler.name, cfg.optim.scheduler)
     errors += _model_problems(cfg, packages)
     problem = _unwritable(Path(str(cfg.paths.results_dir)))
     if problem:

@@ -94,12 +94,15 @@ class Backend:
         finally:
             unset_hf_deepspeed_config()  # later calls (generate, save) see no global DeepSpeed config
 
-    def train_engine(self, model, optim_cfg, total_steps: int, grad_accum: int, micro_batch: int) -> TrainEngine:
+    def train_engine(self, model, optim_cfg, total_steps: int, grad_accum: int, micro_batch: int,
+                     per_step: int = 1) -> TrainEngine:
         """The optimiser engine of ``model``: :class:`TorchEngine` on the device, or :class:`DeepSpeedEngine` (which
-        places the model on its accelerator's device, the rank's GPU or the CPU)."""
+        places the model on its accelerator's device, the rank's GPU or the CPU); its schedule over ``total_steps``
+        optimiser steps, ``per_step`` of them per RL step (core/training/optim.py ``build_scheduler``)."""
         if not self.stage.deepspeed:
-            return TorchEngine(model, optim_cfg, total_steps, grad_accum, self.device)
-        return DeepSpeedEngine(model, optim_cfg, total_steps, grad_accum, self.zero, micro_batch, self.partitioned)
+            return TorchEngine(model, optim_cfg, total_steps, grad_accum, self.device, per_step)
+        return DeepSpeedEngine(model, optim_cfg, total_steps, grad_accum, self.zero, micro_batch, self.partitioned,
+                               per_step)
 
     def frozen(self, model) -> FrozenModel:
         """``model`` as the reference policy. Partitioned: a DeepSpeed engine without optimiser shards it (TRL's

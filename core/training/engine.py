@@ -88,7 +88,7 @@ class TorchEngine:
     """Plain torch on one device: the reference path every other backend must agree with. Under data
     parallelism the model is wrapped in DDP, which averages gradients over ranks during backward."""
 
-    def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int, device: torch.device):
+    def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int, device: torch.device, per_step: int = 1):
         from torch.nn.parallel import DistributedDataParallel
 
         self.module = model.to(device)
@@ -97,7 +97,7 @@ class TorchEngine:
         self.master = MasterWeights(params) if any(p.dtype != torch.float32 for p in params) else None
         self._stepped = self.master.master if self.master else params  # what the optimiser updates
         self.optimizer = build_optimizer(self._stepped, optim_cfg)
-        self.scheduler = build_scheduler(self.optimizer, optim_cfg.scheduler, total_steps)
+        self.scheduler = build_scheduler(self.optimizer, optim_cfg.scheduler, total_steps, per_step)
         self.max_grad_norm = float(optim_cfg.max_grad_norm)
         self._call = _Call(model)
         self._ddp = None
@@ -226,14 +226,14 @@ class DeepSpeedEngine:
     ``partitioned`` (ZeRO-3, as the backend decided): generation gathers the whole model, saving consolidates it."""
 
     def __init__(self, model, optim_cfg, total_steps: int, grad_accum: int, zero_cfg, micro_batch: int,
-                 partitioned: bool):
+                 partitioned: bool, per_step: int = 1):
         import deepspeed
 
         deepspeed_distributed()
         params = [p for p in model.parameters() if p.requires_grad]
         bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
         optimizer = cpu_adam(params, optim_cfg) if zero_cfg.offload_optimizer else build_optimizer(params, optim_cfg)
-        scheduler = build_scheduler(optimizer, optim_cfg.scheduler, total_steps)
+        scheduler = build_scheduler(optimizer, optim_cfg.scheduler, total_steps, per_step)
         ds_cfg = deepspeed_config(zero_cfg, optim_cfg, micro_batch, grad_accum, bf16)
         self.grad_accum, self._micro, self.partitioned = grad_accum, 0, partitioned
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(

@@ -50,7 +50,7 @@ def check_rl(recipe: str, tmp: Path, driver: str, *overrides: str, timeout: int 
     src = SOURCES[recipe]
     py = env_python(src["env"])
     _run([sys.executable, "-m", "tests.fidelity.ours_rl", recipe, tmp, *REWARD, *overrides], timeout)
-    given = {"defaults": src.get("defaults", {}), "deviations": src.get("deviations", {})}
+    given = {"defaults": src.get("defaults", {})}
     _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
     ours = torch.load(tmp / "ours.pt", weights_only=False)["steps"]
     theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)

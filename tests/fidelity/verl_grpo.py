@@ -1,6 +1,6 @@
 """veRL's side of a SimpleRL-Zoo fidelity check, run in the veRL 0.2.0.post2 env (tests/fidelity/envs.sh verl).
 
-    python tests/fidelity/verl_grpo.py SOURCE_YAML OURS_DIR [GIVEN_JSON]   ({"deviations": {...}}: sources.yaml's)
+    python tests/fidelity/verl_grpo.py SOURCE_YAML OURS_DIR [GIVEN_JSON]   (the harness's; veRL's checks take none)
 
 veRL's trainer needs Ray, FSDP and vLLM on GPUs; its step code does not. This drives that code as
 ``RayPPOTrainer.fit`` and ``ActorRolloutRefWorker`` call it, on the initial policy our run saved (``OURS_DIR/init``)
@@ -99,18 +99,20 @@ def instrument(actor: DataParallelPPOActor, scheduler, record: list[dict]) -> No
     actor._forward_micro_batch, actor._optimizer_step, torch.Tensor.backward = fwd, opt_step, bwd
 
 
-def schedule(optimizer, src: dict, meta: dict, deviations: dict):
-    """The worker's schedule (fsdp_workers.py): veRL's constant-with-warmup, stepped once per RL step. Its lr lambda
-    at step 0 is min(1, 0 / max(1, warmup)) = 0, so with warmup 0 the first RL step trains at lr 0 (SimpleRL-Zoo's fork
-    has the same torch_functional.py). ``deviations["first_step_lr"] == "ours"`` gives that step the full lr, as our
-    schedule does, to check the rest of the step apart from that known difference (docs/fidelity.md)."""
-    o = src["actor"]["optim"]
-    if deviations.get("first_step_lr") == "ours":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    return get_constant_schedule_with_warmup(optimizer, int(o["lr_warmup_steps_ratio"] * meta["optimizer_steps"]))
+def schedule(optimizer, src: dict, meta: dict):
+    """The worker's schedule as fsdp_workers.py ``_build_model_optimizer`` builds it: veRL's constant-with-warmup over
+    ``int(lr_warmup_steps_ratio x total_training_steps)`` warmup steps, where ``total_training_steps`` counts RL steps
+    (ray_trainer.py); the loop below steps it once per RL step, as ``update_actor`` does. Its lr lambda at step 0 is
+    min(1, 0 / max(1, warmup)) = 0, so with warmup 0 the first RL step trains at lr 0 (SimpleRL-Zoo's fork has the same
+    torch_functional.py and worker); our recipes reproduce it (``optim.scheduler.name: verl_constant``)."""
+    warmup = int(src["actor"]["optim"]["lr_warmup_steps_ratio"] * meta["total_steps"])
+    return get_constant_schedule_with_warmup(optimizer=optimizer, num_warmup_steps=warmup)
 
 
 def main(source_yaml: str, ours_dir: str, given: str = "{}") -> None:
+    unapplied = {k: v for k, v in json.loads(given).items() if v}
+    if unapplied:  # the harness passes sources.yaml's defaults to every driver: veRL's checks have none to apply
+        sys.exit(f"verl_grpo.py applies no {unapplied} (tests/fidelity/sources.yaml)")
     torch.set_num_threads(1)
     ours_dir = Path(ours_dir)
     rec = torch.load(ours_dir / "ours.pt", weights_only=False)
@@ -120,7 +122,7 @@ def main(source_yaml: str, ours_dir: str, given: str = "{}") -> None:
     o = src["actor"]["optim"]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=o["lr"], betas=o.get("betas", (0.9, 0.999)),
                                   weight_decay=o.get("weight_decay", 1e-2))
-    scheduler = schedule(optimizer, src, meta, json.loads(given).get("deviations", {}))
+    scheduler = schedule(optimizer, src, meta)
     actor_cfg, ref_cfg = actor_config(src, meta)
     actor, ref = DataParallelPPOActor(actor_cfg, policy, optimizer), DataParallelPPOActor(ref_cfg, reference)
     record: list[dict] = []

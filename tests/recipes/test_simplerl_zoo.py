@@ -43,7 +43,7 @@ EXACT_7B = {
     "kl.controller": "fixed", "kl.reference": "auto",
     "optim.optimizer._target_": "torch.optim.AdamW", "optim.optimizer.lr": 5e-7,
     "optim.optimizer.betas": [0.9, 0.999], "optim.optimizer.eps": 1e-8, "optim.optimizer.weight_decay": 0.01,
-    "optim.optimizer.fused": None, "optim.max_grad_norm": 1.0, "optim.scheduler.name": "constant",
+    "optim.optimizer.fused": None, "optim.max_grad_norm": 1.0, "optim.scheduler.name": "verl_constant",
     "optim.scheduler.warmup_ratio": 0.0, "optim.scheduler.warmup_steps": 0,
     "zero.stage": 3, "zero.offload_optimizer": False, "zero.offload_param": False, "zero.offload_reference": True,
     "zero.communication_data_type": "fp32",
@@ -101,7 +101,9 @@ def test_explain_reproduces_the_published_figures(shared_data):
                  "log_prob_micro_batch_size: 160 global // 16 GPUs = 10 per GPU (train.logprob_micro_batch_size 10)",
                  "rollout.tensor_model_parallel_size: 2 (8 engines)", "trainer.nnodes x n_gpus_per_node: 2 x 8",
                  "a trainer step (global_steps): one rollout of 1024 prompts and its 4 optimiser steps = one RL step",
-                 "8532 training rows: a typo for the file's 8523"):
+                 "8532 training rows: a typo for the file's 8523",
+                 "100 x 4 = 400 optimiser steps; schedule verl_constant over 100 RL steps (one lr per RL step), warmup "
+                 "0: RL step 1 at lr 0"):
         assert line in out, (line, out)
 
 
