@@ -48,6 +48,7 @@ def test_two_ranks_match_the_single_process_engine(reference, tmp_path, stage):
     assert len(got["losses"]) == 3 and got["losses"][-1] < got["losses"][0]
 
 
+@pytest.mark.slow  # make test: the LoRA case below (nproc 1) runs the same head under ZeRO-3 with accumulation
 @pytest.mark.distributed
 def test_reward_model_zero3_with_accumulation_matches_plain_torch(tmp_path):
     """Regression: the RM head read off the backbone must run inside DeepSpeed's forward under ZeRO-3."""
