@@ -148,6 +148,7 @@ def test_a_resume_that_changes_the_recipe_is_refused_and_keeps_the_config(tmp_pa
     assert (tmp_path / "run" / "config.yaml").read_text() == saved
 
 
+@pytest.mark.slow  # make test: test_multirun_needs_no_sweep_dir (a dir named by the swept value and a row per job)
 def test_multirun_gives_one_dir_and_one_row_per_job(tmp_path):
     proc = run_cli(tmp_path, *FAST, "train.total_steps=1", "seed=0,1", multirun=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -228,6 +229,8 @@ def test_bad_input_fails_before_any_model_is_built(tmp_path, overrides, message)
     assert "Traceback" not in proc.stderr  # an input error prints its message only
 
 
+@pytest.mark.slow  # make test: test_cfg_job_prints_the_config_after_scale_with_command_line_values_kept (the shrunk
+# config) and tests/recipes/test_open_r1.py::test_each_recipe_runs_at_tiny_scale (a scale=tiny run of 2 steps)
 def test_tiny_scale_shrinks_the_recipe_and_runs(tmp_path):
     proc = run_cli(tmp_path, "scale=tiny", "logger.progress=false", "logger.tensorboard=false",
                    "train.warm_start.steps=5", "train.warm_start.holdout=8")
