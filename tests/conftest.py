@@ -1,7 +1,9 @@
 """Shared fixtures. Tests that need ../shared/data skip with the reason when it is absent."""
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -14,6 +16,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # huggingface_hub and datasets are imported: both read these once, at import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Torch JIT-builds DeepSpeed's CPU ops (the shm comm op, CPU Adam) into one folder per op name under
+# ~/.cache/torch_extensions, shared by every interpreter of the machine. Two venvs building an op with their own
+# include paths (the project's, `make test-constraints`'s /tmp venv, the fidelity envs) rebuild it in turn: seen
+# here, 177 s of CPU Adam build in one test's setup and 38 s of shm op in the first test's. This venv's own folder
+# (inherited by every test subprocess and torchrun rank) keeps its builds; an explicit TORCH_EXTENSIONS_DIR wins.
+_VENV_KEY = hashlib.sha1(os.path.realpath(sys.prefix).encode()).hexdigest()[:12]
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions" / f"venv-{_VENV_KEY}"))
 
 from core import paths  # noqa: E402
 

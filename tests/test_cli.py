@@ -148,6 +148,7 @@ def test_a_resume_that_changes_the_recipe_is_refused_and_keeps_the_config(tmp_pa
     assert (tmp_path / "run" / "config.yaml").read_text() == saved
 
 
+@pytest.mark.slow  # make test: test_multirun_needs_no_sweep_dir (a dir named by the swept value and a row per job)
 def test_multirun_gives_one_dir_and_one_row_per_job(tmp_path):
     proc = run_cli(tmp_path, *FAST, "train.total_steps=1", "seed=0,1", multirun=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -197,23 +198,26 @@ def test_compare_plots_the_training_curves(sweep, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
 
 
-# A sample through the command line (exit status, message only, no model dir): tests/core/test_bad_inputs.py checks
-# every refusal in-process; the rest of the sample runs in `make test-slow` (each CLI start costs ~6 s here).
+# A sample through the command line (exit status, message only, no model dir), one case per kind of refusal the
+# CLI reaches: Hydra's composition, the device check, a check that needs the data's rows. tests/core/test_bad_inputs.py
+# (and test_device.py, test_pipeline.py) check every refusal in-process; tests/test_resume_cli.py sends a config check
+# and a data file check through the CLI (asserting no run dir at all); the rest of the sample runs in
+# `make test-slow` (each CLI start costs ~6-10 s here).
 @pytest.mark.parametrize("overrides, message", [
     (["recipe=no_such_recipe"], "Available options in 'recipe'"),
-    (["train.mini_batch_size=24"], "not divisible by train.mini_batch_size=24"),
+    slow(["train.mini_batch_size=24"], "not divisible by train.mini_batch_size=24"),
     slow(["train.micro_batch_size=5"], "train.mini_batch_size=16 is not divisible by train.micro_batch_size"),
     slow(["train.group_size=1", "train.mini_batch_size=4", "train.micro_batch_size=4"], "train.group_size=1"),
-    (["train.prompts_per_step=100", "train.mini_batch_size=400"], "larger than the training set (64 rows"),
-    (["data.source=file", "data.path=/nonexistent/train.jsonl"], "data file not found: /nonexistent/train.jsonl"),
+    slow(["train.prompts_per_step=100", "train.mini_batch_size=400"], "larger than the training set (64 rows"),
+    slow(["data.source=file", "data.path=/nonexistent/train.jsonl"], "data file not found: /nonexistent/train.jsonl"),
     slow(["advantage.name=nope"], "advantage.name='nope': expected one of ['dr_grpo', 'gae', 'grpo'"),
     slow(["train.packing=maybe"], "train.packing='maybe': expected one of ['auto', True, False]"),
-    (["model.dtype=float16"], "model.dtype=float16: fp16 training needs loss scaling"),
+    slow(["model.dtype=float16"], "model.dtype=float16: fp16 training needs loss scaling"),
     slow(["model.dtype=nope"], "model.dtype='nope': expected one of ['float32', 'bfloat16', 'float16']"),
     slow(["device=tpu"], "device='tpu': expected auto, cpu, cuda or cuda:N"),
     pytest.param(["device=cuda"], "device=cuda: no CUDA device is available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
-    (["zero=stage3"], "train.warm_start.steps=5 with zero.stage=3: the warm start trains a full copy"),
+    slow(["zero=stage3"], "train.warm_start.steps=5 with zero.stage=3: the warm start trains a full copy"),
     (["train.warm_start.holdout=70"], "train.warm_start.holdout=70 with 64 training rows"),  # issue 30: rows known
     slow(["layout=colocate"], "layout.learner_gpus=8 but this run has 1 rank(s) (no WORLD_SIZE: one process)"),
 ])
@@ -225,6 +229,8 @@ def test_bad_input_fails_before_any_model_is_built(tmp_path, overrides, message)
     assert "Traceback" not in proc.stderr  # an input error prints its message only
 
 
+@pytest.mark.slow  # make test: test_cfg_job_prints_the_config_after_scale_with_command_line_values_kept (the shrunk
+# config) and tests/recipes/test_open_r1.py::test_each_recipe_runs_at_tiny_scale (a scale=tiny run of 2 steps)
 def test_tiny_scale_shrinks_the_recipe_and_runs(tmp_path):
     proc = run_cli(tmp_path, "scale=tiny", "logger.progress=false", "logger.tensorboard=false",
                    "train.warm_start.steps=5", "train.warm_start.holdout=8")

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import sys
 
 import pytest
 import yaml
 
 from core.errors import InputError
-from core.paths import PROJECT_ROOT
 from recipes.compare import main
-from tests.helpers import CLI_ENV, FAST, results, run_cli
+from tests.helpers import FAST, results, run_cli
 
 
 def _nest(flat: dict) -> dict:
@@ -195,9 +193,21 @@ def test_ema_is_debiased_and_seed_bands_span_the_seeds():
     assert seed_band([{1: 0.0}, {1: 2.0}], "std")[2:] == (pytest.approx([1 - 2 ** 0.5]), pytest.approx([1 + 2 ** 0.5]))
 
 
+def _evaluate(tmp, *overrides: str) -> None:
+    """``python -m recipes.eval OVERRIDES`` with its rows in ``tmp/results``, in this process: the same ``main`` on
+    the config the CLI composes (a CLI start costs ~6 s of imports here; tests/test_eval.py runs the CLI itself)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from core.config.composition import compose
+    from recipes.eval import main as evaluate
+
+    cfg = compose([f"paths.results_dir={tmp}/results", *overrides], with_hydra=True, config_name="eval")
+    evaluate(cfg, out_dir=HydraConfig.get().run.dir)
+
+
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
-    """Real tiny runs: a multirun of seeds 0 and 1, seed 0 again, and two evaluations of one run with
+    """Real tiny runs: a multirun of seeds 0 and 1, seed 0 again (the CLI), and two evaluations of one run with
     different settings (4 problems at 8 tokens, 2 at 4)."""
     tmp = tmp_path_factory.mktemp("real")
     common = [*FAST, "train.warm_start.steps=0", "train.eval_every=1"]
@@ -207,12 +217,9 @@ def real(tmp_path_factory):
     data = tmp / "set.jsonl"
     data.write_text("".join(json.dumps({"q": f"{a}+{a}=", "a": str(2 * a)}) + "\n" for a in range(6)))
     tiny = f"+sets.tiny={{path:{data},prompt_key:q,answer_key:a,verifier:'tests.stub_rewards:first_char_even'}}"
-    for limit, tokens in ((4, 8), (2, 4)):
-        proc = subprocess.run([sys.executable, "-m", "recipes.eval", f"paths.results_dir={tmp}/results",
-                               f"run_dir={tmp}/run", "eval=greedy", tiny, "eval.sets=[tiny]", f"eval.limit={limit}",
-                               f"rollout.max_new_tokens={tokens}"], cwd=PROJECT_ROOT, env=CLI_ENV,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    for limit, tokens in ((4, 8), (2, 4)):  # an eval dir each (one process: one ${run_stamp:} for both)
+        _evaluate(tmp, f"run_dir={tmp}/run", "eval=greedy", tiny, "eval.sets=[tiny]", f"eval.limit={limit}",
+                  f"rollout.max_new_tokens={tokens}", f"hydra.run.dir={tmp}/evals/{limit}")
     return tmp
 
 

@@ -36,7 +36,9 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("stage", [0, slow(2), 3])
+# make test: ZeRO-3 here (the same worker and reference); plain DDP on 2 ranks in make test is
+# tests/test_data_parallel.py::test_groups_spanning_ranks_train_like_one_process[advantage=grpo]
+@pytest.mark.parametrize("stage", [slow(0), slow(2), 3])
 def test_two_ranks_match_the_single_process_engine(reference, tmp_path, stage):
     got = _run(tmp_path, stage, 2)
     assert len(got["params"]) == len(reference["params"]) == 6 * 16 + 16 + 16 + 1
@@ -48,6 +50,7 @@ def test_two_ranks_match_the_single_process_engine(reference, tmp_path, stage):
     assert len(got["losses"]) == 3 and got["losses"][-1] < got["losses"][0]
 
 
+@pytest.mark.slow  # make test: the LoRA case below (nproc 1) runs the same head under ZeRO-3 with accumulation
 @pytest.mark.distributed
 def test_reward_model_zero3_with_accumulation_matches_plain_torch(tmp_path):
     """Regression: the RM head read off the backbone must run inside DeepSpeed's forward under ZeRO-3."""

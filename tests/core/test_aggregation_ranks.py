@@ -30,34 +30,40 @@ def _grad(name: str, rows: torch.Tensor, ctx: AggContext) -> torch.Tensor:
     return w.grad
 
 
-def _worker(rank: int, name: str, init: str, out: str) -> None:
+def _worker(rank: int, init: str, out: str) -> None:
+    """Rank ``rank`` of the 2: each aggregation's gradient over this rank's shard, averaged over the ranks."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     _, mask = _batch()
     rows = torch.arange(ROWS).view(WORLD, -1)[rank]  # this rank's shard
     tokens = mask[rows].sum()
     dist.all_reduce(tokens)  # the step's tokens over all ranks, as a data-parallel loop must count them
-    grad = _grad(name, rows, AggContext(num_micro_batches=ACCUM, step_tokens=float(tokens), world_size=WORLD,
-                                        max_tokens=R))
-    dist.all_reduce(grad)
-    grad /= WORLD  # DDP / ZeRO average gradients over ranks
+    grads = {}
+    for name in AGGREGATIONS.names():
+        grad = _grad(name, rows, AggContext(num_micro_batches=ACCUM, step_tokens=float(tokens), world_size=WORLD,
+                                            max_tokens=R))
+        dist.all_reduce(grad)
+        grads[name] = grad / WORLD  # DDP / ZeRO average gradients over ranks
     if rank == 0:
-        torch.save(grad, out)
+        torch.save(grads, out)
     dist.destroy_process_group()
 
 
-def _data_parallel(name: str, tmp_path) -> torch.Tensor:
-    out = tmp_path / f"{name}.pt"
-    mp.spawn(_worker, args=(name, f"file://{tmp_path / 'store'}", str(out)), nprocs=WORLD, join=True)
+@pytest.fixture(scope="module")
+def data_parallel(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """Every aggregation's 2-rank gradient, from one spawn of the 2 ranks (a spawn costs ~4 s of imports)."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    out = tmp / "grads.pt"
+    mp.spawn(_worker, args=(f"file://{tmp / 'store'}", str(out)), nprocs=WORLD, join=True)
     return torch.load(out)
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("name", AGGREGATIONS.names())
-def test_ranks_and_accumulation_equal_one_batch(name, tmp_path):
+def test_ranks_and_accumulation_equal_one_batch(name, data_parallel):
     _, mask = _batch()
     one = _grad(name, torch.arange(ROWS), AggContext(num_micro_batches=1, step_tokens=float(mask.sum()),
                                                      max_tokens=R))
-    dp = _data_parallel(name, tmp_path)
+    dp = data_parallel[name]
     if AGGREGATIONS.meta(name)["accumulation_exact"]:
         torch.testing.assert_close(dp, one, rtol=1e-12, atol=1e-12)
     else:  # token_mean / _nonempty: each micro-batch divides by its own token / non-empty row count

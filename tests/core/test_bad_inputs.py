@@ -57,6 +57,8 @@ RL_CASES = [
     (["zero=stage2", "zero.offload_param=true"], "zero.offload_param=true with zero.stage=2"),
     (["zero=stage1", "zero.offload_reference=true"], "zero.offload_reference=true with zero.stage=1"),
     (["zero.offload_optimizer=true"], "zero.offload_optimizer=true with zero.stage=0: ZeRO-Offload is a DeepSpeed"),
+    (["zero=stage3", "train.warm_start.steps=5"],  # tests/test_cli.py sends it through the CLI in make test-slow
+     "train.warm_start.steps=5 with zero.stage=3: the warm start trains a full copy"),
     (["zero=stage2", "zero.offload_optimizer=true", "optim.optimizer._target_=torch.optim.RMSprop"],
      "zero.offload_optimizer=true with optim.optimizer._target_=torch.optim.RMSprop: the offloaded optimiser "
      "steps with DeepSpeed's CPU Adam, which computes only torch.optim.AdamW or torch.optim.Adam"),
