@@ -1,12 +1,13 @@
-"""Compare our recorded RL steps with a source framework's (``ours.pt`` and ``<source>.pt``, tests/fidelity/ours_rl.py)
-and state the largest difference of each quantity, with the tolerance it is held to (docs/fidelity.md).
+"""Compare our recorded RL or reward-model steps with a source framework's (``ours.pt`` and ``<source>.pt``,
+tests/fidelity/ours_rl.py, ours_rm.py) and state the largest difference of each quantity, with the tolerance it is held
+to (docs/fidelity.md).
 
 Tolerances are fp32 rounding of the same computation done in another order (another transformers release's
 attention and MLP code, another reduction order): per-token log-probs and advantages of magnitude up to ~10 agree to
 1e-5 absolute; the loss, a mean of those, to 1e-5; the gradient norm to 1e-4 relative; the weights after a step to
-1e-2 of that step's largest update. The update, about lr per element under AdamW, is where the rounding enters:
-``w + update`` of a weight of 0.04 rounds to a neighbouring float 3.7e-9 away, 4e-3 of a 1e-6 update (the distill
-recipe's lr). A real difference (lr, schedule,
+1e-2 of that step's largest update; a reward model's token ids exactly and its rewards (about 0.2 at init) to 1e-5.
+The update, about lr per element under AdamW, is where the rounding enters: ``w + update`` of a weight of 0.04 rounds
+to a neighbouring float 3.7e-9 away, 4e-3 of a 1e-6 update (the distill recipe's lr). A real difference (lr, schedule,
 gradient scale, clipping) changes the update by a large fraction of itself; an element whose gradient were rounding
 noise on both sides could move by up to lr either way and fail this bound too: that would show, not hide.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 
 TOL = {"prompt_ids": 0.0, "completion_mask": 0.0, "advantages": 1e-5, "logprobs": 1e-5, "loss": 1e-5,
-       "grad_norm": 1e-4, "lr": 1e-12, "weights": 1e-2}
+       "grad_norm": 1e-4, "lr": 1e-12, "weights": 1e-2, "ids": 0.0, "rewards": 1e-5}
 
 
 def _max(x: torch.Tensor) -> float:
@@ -41,22 +42,53 @@ def step_diffs(ours: dict, theirs: dict, start: dict) -> dict[str, float]:
     Prompt ids and the completion mask are compared where the source built its own (TRL tokenises and masks)."""
     mask = ours["mask"].bool()  # [N, R]
     adv = theirs["advantages"] if theirs["advantages"].dim() == 2 else theirs["advantages"][:, None]  # [N, R|1]
-    out = {**_layout(ours, theirs),
-           "advantages": _max((ours["advantages"] - adv[:, :mask.shape[1]])[mask]),
-           "grad_norm": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["grad_norm"], theirs["grad_norm"],
-                                                                            strict=True)),
-           "lr": max(abs(a - b) for a, b in zip(ours["lr"], theirs["lr"], strict=True))}
+    out = {**_layout(ours, theirs), "advantages": _max((ours["advantages"] - adv[:, :mask.shape[1]])[mask])}
     lp, loss = [], []
     for a, b in zip(ours["micro"], theirs["micro"], strict=True):
         m = mask[a["rows"]][:, :b["logprobs"].shape[1]]  # [n, R]
         lp.append(_max((a["logprobs"][:, :m.shape[1]] - b["logprobs"])[m]))
         loss.append(abs(a["loss"] - b["loss"]))
-    out.update(logprobs=max(lp), loss=max(loss))
+    return {**out, "logprobs": max(lp), "loss": max(loss), **_optimiser(ours, theirs, start)}
+
+
+def _optimiser(ours: dict, theirs: dict, start: dict) -> dict[str, float]:
+    """The optimiser steps' gradient norms (relative) and lr, and the weights after the step as a fraction of the
+    step's largest update (``update``, kept: a zero one would make the check vacuous)."""
+    out = {"grad_norm": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours["grad_norm"], theirs["grad_norm"],
+                                                                           strict=True)),
+           "lr": max(abs(a - b) for a, b in zip(ours["lr"], theirs["lr"], strict=True))}
     update = max(_max(ours["weights"][k] - start[k]) for k in start)
     diff = max(_max(ours["weights"][k] - theirs["weights"][k]) for k in start)
-    out["weights"] = diff / update if update else diff
-    out["update"] = update  # the step's largest weight change: a zero one would make the check vacuous
-    return out
+    return {**out, "weights": diff / update if update else diff, "update": update}
+
+
+def _differing(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Entries of two integer tensors that differ (inf when their shapes do)."""
+    return float((a != b.to(a.dtype)).sum()) if a.shape == b.shape else float("inf")
+
+
+def rm_step_diffs(ours: dict, theirs: dict, pairs: tuple[list, list], start: dict) -> dict[str, float]:
+    """Largest difference per quantity for one reward-model optimiser step (tests/fidelity/ours_rm.py): ``ids``
+    counts the differing token ids of the step's pairs (``pairs``: ours and theirs, tokenized) and of its padded
+    micro-batches (ids and attention mask); then the rewards ``[2B]`` and loss of each micro-batch, and
+    :func:`_optimiser`'s figures."""
+    ids = sum(_differing(torch.tensor(pairs[0][i][side]), torch.tensor(pairs[1][i][side]))
+              for i in ours["order"] for side in ("chosen", "rejected"))
+    rewards, loss = [], []
+    for a, b in zip(ours["micro"], theirs["micro"], strict=True):
+        ids += _differing(a["input_ids"], b["input_ids"]) + _differing(a["attention_mask"], b["attention_mask"])
+        rewards.append(_max(a["rewards"] - b["rewards"]))
+        loss.append(abs(a["loss"] - b["loss"]))
+    return {"ids": ids, "rewards": max(rewards), "loss": max(loss), **_optimiser(ours, theirs, start)}
+
+
+def rm_diffs(ours: dict, theirs: dict) -> list[dict[str, float]]:
+    """:func:`rm_step_diffs` of every recorded optimiser step of ``ours.pt`` and ``openrlhf.pt`` (whole records)."""
+    if len(ours["steps"]) != len(theirs["steps"]):
+        raise AssertionError(f"{len(ours['steps'])} steps recorded on our side, {len(theirs['steps'])} on the source's")
+    starts = [ours["init"]] + [s["weights"] for s in ours["steps"][:-1]]
+    pairs = (ours["pairs"], theirs["pairs"])
+    return [rm_step_diffs(a, b, pairs, s) for a, b, s in zip(ours["steps"], theirs["steps"], starts)]
 
 
 def diffs(ours: list[dict], theirs: list[dict], init: dict) -> list[dict[str, float]]:
@@ -77,6 +109,8 @@ def vacuous(per_step: list[dict[str, float]], ours: list[dict]) -> list[str]:
     """Why a comparison could pass without testing anything: no weight moved, no gradient, no advantage."""
     out = [] if max(d["update"] for d in per_step) > 0 else ["no step changed the weights"]
     out += [] if max(max(s["grad_norm"]) for s in ours) > 0 else ["every gradient norm is 0"]
+    if "advantages" not in ours[0]:  # a reward-model step has none
+        return out
     return out + ([] if any(float(s["advantages"].abs().max()) > 0 for s in ours) else ["every advantage is 0"])
 
 
@@ -90,9 +124,12 @@ def main(argv: list[str]) -> None:
     if len(argv) != 2:
         raise SystemExit(main.__doc__)
     out = Path(argv[0])
-    ours = torch.load(out / "ours.pt", weights_only=False)["steps"]
-    theirs = torch.load(out / f"{argv[1]}.pt", weights_only=False)["steps"]
-    per_step = diffs(ours, theirs, load_file(out / "init" / "model.safetensors"))
+    ours, theirs = (torch.load(out / f"{name}.pt", weights_only=False) for name in ("ours", argv[1]))
+    if "pairs" in ours:  # a reward-model record (tests/fidelity/ours_rm.py)
+        per_step = rm_diffs(ours, theirs)
+    else:
+        per_step = diffs(ours["steps"], theirs["steps"], load_file(out / "init" / "model.safetensors"))
+    ours = ours["steps"]
     for i, d in enumerate(per_step):
         print(f"step {i + 1}: " + ", ".join(f"{k} {v:.3g}" for k, v in d.items()))
     print("\n".join(failures(per_step) + vacuous(per_step, ours)) or "within tolerance")

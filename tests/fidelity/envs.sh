@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build one virtual environment per source framework release, for the fidelity checks (docs/fidelity.md).
-#   tests/fidelity/envs.sh [trl|verl|openrlhf|all] ...     (default: all = trl verl, the envs a check drives)
+#   tests/fidelity/envs.sh [trl|verl|openrlhf|all] ...     (default: all = trl verl openrlhf, every env a check drives)
 # Each env lives in $FIDELITY_ENVS/<name> (default /tmp/rlr-fidelity-envs; never the project's .venv) and is
 # built once: a complete env carries a .ok stamp, a half-built one is removed and rebuilt.
 # torch is the CPU wheel every env shares (torch==2.13.0, the project's TORCH_SPEC); the sources pinned older
@@ -62,16 +62,17 @@ bert_padding() {
 }
 
 # OpenRLHF 0.9.0, the release the RM recipes cite (train_rm_llama.sh @v0.9.0 06ab51e). --no-deps: its
-# requirements pull flash-attn==2.8.3 (CUDA), ray[default], vllm and bitsandbytes; the RM path (openrlhf.models
-# PairWiseLoss, get_llm_for_sequence_regression) imports torch, transformers==4.57.0 and deepspeed==0.18.1 (its pins;
-# deepspeed imported, not run), peft, einops and flash-attn's bert_padding (as for veRL). Not in `all`: no check
-# drives it yet (docs/fidelity.md); `envs.sh openrlhf` builds it.
+# requirements pull flash-attn==2.8.3 (CUDA), ray[default], vllm and bitsandbytes; its RM path (openrlhf.cli.train_rm:
+# openrlhf.models, datasets, trainer.rm_trainer, utils.deepspeed) imports torch, transformers==4.57.0 and
+# deepspeed==0.18.1 (its pins; DeepSpeed runs on the CPU accelerator), peft, einops, datasets, torchdata (its
+# StatefulDataLoader; 0.11.0, the newest) and flash-attn's bert_padding (as for veRL).
 build_openrlhf() {
   local py; py=$(fresh openrlhf-0.9.0)
   "$py" -m pip install --quiet --no-deps openrlhf==0.9.0
-  "$py" -m pip install --quiet "transformers==4.57.0" "deepspeed==0.18.1" peft einops accelerate datasets pyyaml
+  "$py" -m pip install --quiet "transformers==4.57.0" "deepspeed==0.18.1" peft einops accelerate datasets pyyaml \
+    "torchdata==0.11.0"
   bert_padding "$py"
-  "$py" -c "from openrlhf.models import PairWiseLoss; from openrlhf.models.model import get_llm_for_sequence_regression"
+  "$py" -c "from openrlhf.cli import train_rm; from openrlhf.utils.deepspeed import DeepspeedStrategy"
 }
 
 build() {  # build NAME FUNC: once; a build cut short leaves no stamp and is redone
@@ -82,7 +83,7 @@ build() {  # build NAME FUNC: once; a build cut short leaves no stamp and is red
   touch "$dir/.ok"
 }
 
-targets=("$@"); [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]] && targets=(trl verl)
+targets=("$@"); [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]] && targets=(trl verl openrlhf)
 for t in "${targets[@]}"; do
   case "$t" in
     trl) build trl-0.18.0 build_trl ;;

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from core.paths import PROJECT_ROOT
-from tests.fidelity.compare import TOL, diffs, failures, vacuous
+from tests.fidelity.compare import TOL, diffs, failures, rm_diffs, vacuous
 
 HERE = Path(__file__).parent
 SOURCES: dict[str, dict] = yaml.safe_load((HERE / "sources.yaml").read_text())
@@ -55,10 +55,33 @@ def check_rl(recipe: str, tmp: Path, driver: str, *overrides: str, timeout: int 
     ours = torch.load(tmp / "ours.pt", weights_only=False)["steps"]
     theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
     per_step = diffs(ours, theirs["steps"], load_file(tmp / "init" / "model.safetensors"))
+    return _conclude(recipe, {**given, "ran": theirs["versions"], "overrides": [*REWARD, *overrides]}, per_step, ours)
+
+
+def check_rm(recipe: str, tmp: Path, timeout: int = 900) -> list[dict]:
+    """Our reward-model recipe's recorded optimiser steps (tests/fidelity/ours_rm.py) against OpenRLHF's own
+    ``train_rm`` (tests/fidelity/openrlhf_rm.py) run in the recipe's source env on the recipe's command; the per-step
+    differences, written to the report and asserted within tolerance and not vacuous. The source's first run builds
+    DeepSpeed's CPU Adam kernel (about 2 minutes, cached after)."""
+    src = SOURCES[recipe]
+    py = env_python(src["env"])
+    _run([sys.executable, "-m", "tests.fidelity.ours_rm", recipe, tmp], timeout)
+    given = {"defaults": src.get("defaults", {}), "deviations": src.get("deviations", {})}
+    _run([py, HERE / "openrlhf_rm.py", PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
+    ours = torch.load(tmp / "ours.pt", weights_only=False)
+    theirs = torch.load(tmp / "openrlhf.pt", weights_only=False)
+    per_step = rm_diffs(ours, theirs)
+    return _conclude(recipe, {**given, "ran": theirs["versions"], "overrides": [], "argv": theirs["argv"]}, per_step,
+                     ours["steps"])
+
+
+def _conclude(recipe: str, ran: dict, per_step: list[dict], ours: list[dict]) -> list[dict]:
+    """Write the check's report (``$FIDELITY_REPORT/<recipe>.json``: what ran, the tolerances, the per-step figures)
+    and assert every figure within tolerance and the check not vacuous."""
+    src = SOURCES[recipe]
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
-    report = {"recipe": recipe, "package": src["package"], "version": src["version"], "ran": theirs["versions"],
-              **given,
-              "overrides": [*REWARD, *overrides], "tolerance": TOL, "steps": per_step}
+    report = {"recipe": recipe, "package": src["package"], "version": src["version"], **ran, "tolerance": TOL,
+              "steps": per_step}
     (REPORT_DIR / f"{recipe}.json").write_text(json.dumps(report, indent=1))
     problems = failures(per_step) + vacuous(per_step, ours)
     assert not problems, f"{recipe} against {src['package']} {src['version']}:\n" + "\n".join(problems)

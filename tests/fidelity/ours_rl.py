@@ -28,7 +28,8 @@ from recipes import rl, rl_update
 
 # What every fidelity run sets: a single process on the CPU in fp32, no warm start (the checked step starts from the
 # saved initial policy either way), nothing logged but the record. ZeRO is left out of the comparison: one process
-# shards nothing, and TRL's, veRL's and OpenRLHF's step code run here without DeepSpeed too.
+# shards nothing, and TRL's and veRL's step code run here without DeepSpeed too (OpenRLHF's reward-model check runs
+# DeepSpeed on the CPU, ZeRO-3 in one rank: tests/fidelity/openrlhf_rm.py).
 RUN = ["scale=tiny", "device=cpu", "model.dtype=float32", "zero=none", "zero.offload_reference=false",
        "zero.offload_optimizer=false", "zero.offload_param=false", "zero.communication_data_type=null",
        "train.warm_start.enabled=false",

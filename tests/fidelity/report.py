@@ -1,6 +1,6 @@
 """``python -m tests.fidelity.report``: the fidelity checks' figures (``$FIDELITY_REPORT``, default results/fidelity/,
 written by tests/fidelity/harness.py) as the markdown table of docs/fidelity.md: per recipe the source release that
-ran, and the largest difference of each quantity over its steps."""
+ran, and the largest difference of each quantity over its steps (RL steps or reward-model optimiser steps)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ import sys
 from tests.fidelity.compare import TOL
 from tests.fidelity.harness import REPORT_DIR
 
-COLUMNS = ["advantages", "logprobs", "loss", "grad_norm", "weights"]
+# An RL step has advantages and per-token log-probs, a reward-model step rewards: "-" where a check has none.
+COLUMNS = ["advantages", "logprobs", "rewards", "loss", "grad_norm", "weights"]
 
 
 def rows() -> list[str]:
@@ -17,10 +18,9 @@ def rows() -> list[str]:
            "| --- | --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |"]
     for path in sorted(REPORT_DIR.glob("*.json")):
         r = json.loads(path.read_text())
-        worst = {k: max(s[k] for s in r["steps"]) for k in COLUMNS}
+        worst = {k: f"{max(s[k] for s in r['steps']):.2g}" if k in r["steps"][0] else "-" for k in COLUMNS}
         ran = f"{r['package']} {r['ran'].get(r['package'], r['version'])}"
-        out.append(f"| `{r['recipe']}` | {ran} | {len(r['steps'])} | "
-                   + " | ".join(f"{worst[k]:.2g}" for k in COLUMNS) + " |")
+        out.append(f"| `{r['recipe']}` | {ran} | {len(r['steps'])} | " + " | ".join(worst.values()) + " |")
     out.append("| tolerance | | | " + " | ".join(f"{TOL[k]:g}" for k in COLUMNS) + " |")
     return out
 

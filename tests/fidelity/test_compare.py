@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from tests.fidelity.compare import diffs, failures, vacuous
+from tests.fidelity.compare import diffs, failures, rm_diffs, vacuous
 
 
 def _record(seed: int = 0) -> tuple[list[dict], dict]:
@@ -56,3 +56,33 @@ def test_a_step_that_moved_nothing_is_vacuous():
     ours[0]["advantages"] = torch.zeros_like(ours[0]["advantages"])
     theirs = _theirs(ours)
     assert vacuous(diffs(ours, theirs, init), ours) == ["no step changed the weights", "every advantage is 0"]
+
+
+def _rm_record() -> tuple[dict, dict]:
+    """One reward-model optimiser step (tests/fidelity/ours_rm.py's layout) and the source's identical record."""
+    g = torch.Generator().manual_seed(1)
+    init = {"w": torch.randn(3, 2, generator=g) * 0.05}
+    pairs = [{"chosen": [5, 6, 1], "rejected": [5, 7, 1]}, {"chosen": [8, 1], "rejected": [9, 9, 1]}]
+    batch = {"input_ids": torch.tensor([[0, 5, 6, 1], [0, 0, 8, 1], [0, 5, 7, 1], [0, 9, 9, 1]]),
+             "attention_mask": torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1], [0, 1, 1, 1]])}
+    step = {"order": [0, 1], "micro": [{**batch, "rewards": torch.tensor([0.2, 0.1, 0.15, 0.3]), "loss": 0.7}],
+            "grad_norm": [0.4], "lr": [9e-6], "weights": {"w": init["w"] + 9e-6}}
+    ours = {"init": init, "pairs": pairs, "steps": [step]}
+    return ours, copy.deepcopy({"pairs": pairs, "steps": [step]})
+
+
+def test_identical_rm_steps_pass_and_a_token_or_reward_difference_fails_by_name():
+    ours, theirs = _rm_record()
+    per_step = rm_diffs(ours, theirs)
+    assert failures(per_step) == [] and vacuous(per_step, ours["steps"]) == [] and per_step[0]["update"] > 0
+    cases = {"ids": lambda t: t["pairs"][1]["rejected"].__setitem__(0, 4),
+             "rewards": lambda t: t["steps"][0]["micro"][0]["rewards"].add_(1e-3),
+             "grad_norm": lambda t: t["steps"][0]["grad_norm"].__setitem__(0, 0.6),
+             "weights": lambda t: t["steps"][0]["weights"]["w"].add_(5e-6)}
+    for name, change in cases.items():
+        ours, theirs = _rm_record()
+        change(theirs)
+        assert [line.split()[2] for line in failures(rm_diffs(ours, theirs))] == [name], name
+    ours, theirs = _rm_record()
+    theirs["steps"][0]["micro"][0]["attention_mask"] = theirs["steps"][0]["micro"][0]["attention_mask"][:, 1:]
+    assert rm_diffs(ours, theirs)[0]["ids"] == float("inf")  # another padded length

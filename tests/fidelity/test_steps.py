@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 
 from core.paths import CONF_DIR
-from tests.fidelity.harness import SOURCES, check_rl
+from tests.fidelity.harness import SOURCES, check_rl, check_rm
 
 # The driver that runs each package's step code in its env.
 DRIVERS = {"trl": "trl_grpo.py", "verl": "verl_grpo.py"}
 RL_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] in DRIVERS)
+# Reward-model recipes checked against OpenRLHF's train_rm (tests/fidelity/openrlhf_rm.py).
+RM_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] == "openrlhf")
 
 
 def test_every_named_recipe_says_how_it_is_checked():
@@ -19,6 +21,7 @@ def test_every_named_recipe_says_how_it_is_checked():
     for recipe, src in SOURCES.items():
         assert src["check"] in ("step", "function"), recipe
         assert (src["check"] == "step") == (src["package"] is not None), recipe
+    assert len(RL_STEP) == 8 and len(RM_STEP) == 3
 
 
 @pytest.mark.fidelity
@@ -26,3 +29,10 @@ def test_every_named_recipe_says_how_it_is_checked():
 def test_rl_steps_match_the_source(recipe, tmp_path):
     per_step = check_rl(recipe, tmp_path, DRIVERS[SOURCES[recipe]["package"]])
     assert len(per_step) == 2
+
+
+@pytest.mark.fidelity
+@pytest.mark.parametrize("recipe", RM_STEP)
+def test_rm_steps_match_the_source(recipe, tmp_path):
+    per_step = check_rm(recipe, tmp_path)
+    assert len(per_step) == 3
