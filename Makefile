@@ -31,7 +31,7 @@ venv: $(STAMP) ## Create .venv and install the project (torch first, then the re
 demo: $(STAMP) ## Run the default recipe (tiny_math_grpo): GRPO on a tiny local model, CPU, < 3 min
 	$(BIN)/python -m recipes.run
 
-test: $(STAMP) ## Run the CPU test suite (not slow, not gpu): about 20 min on 2 cores
+test: $(STAMP) ## Run the CPU test suite (not slow, not gpu): about 15 min on 2 cores
 	$(BIN)/python -m pytest -m "not slow and not gpu and not fidelity" $(PYTEST_ARGS)
 
 test-slow: $(STAMP) ## Run the slow tests (demo learning check, long end-to-end runs)
