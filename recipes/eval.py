@@ -130,12 +130,15 @@ def _rollout(cfg, src: Source, tokenizer, device):
 
 def evaluate_set(cfg, s: EvalSet, rollout, tokenizer, ends: set[int]) -> SetResult:
     """``eval.samples`` completions of every problem of ``s``, ended at the stops and scored."""
-    from core.rollout import Sampling
+    from core.rollout import Sampling, sampling_seed
     from verifiers.correctness import Scorer
 
     n = int(cfg.eval.samples)
-    texts, finish = generate(rollout, tokenizer, s.ids, n, Sampling.from_cfg(cfg.rollout),
-                             int(cfg.rollout.generation_batch_size), ends, list(cfg.eval.stop), desc=s.name)
+    # each set's rows seeded from the eval's seed and the set's name, whichever sets run before it (vLLM seeds each
+    # request: docs/vllm.md); scoring reads the texts, not the log-probs
+    sampling = Sampling.from_cfg(cfg.rollout, seed=sampling_seed(int(cfg.seed), "eval", s.name), logprobs=False)
+    texts, finish = generate(rollout, tokenizer, s.ids, n, sampling, int(cfg.rollout.generation_batch_size), ends,
+                             list(cfg.eval.stop), desc=s.name)
     prompts = tokenizer.batch_decode(s.ids)
     scorer = Scorer(s.verifier_name, dict(s.cfg.verifier_kwargs), s.cfg.accuracy_term, f"sets.{s.name}.accuracy_term")
     bar = cfg.eval.pass_reward

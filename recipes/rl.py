@@ -46,7 +46,7 @@ from core.models.loading import load_tokenizer, model_dir
 from core.reporting.console import announced, log_step, start_summary
 from core.reporting.metrics import MetricsWriter, PhaseTimer, peak_memory, reset_peak_memory
 from core.reporting.results import append_row, command_line_overrides, write_summary
-from core.rollout import Sampling, build_rollout
+from core.rollout import Sampling, build_rollout, sampling_seed
 from core.rollout.ahead import GenerationAhead, RolloutEngine
 from core.training import distributed, numerics, preemption
 from core.training.backend import Backend, FrozenModel, TrainEngine
@@ -248,17 +248,16 @@ def rl_step(run: Run) -> dict:
     """One RL step: sample, score and shape, rollout-phase forwards, advantages, updates."""
     reset_peak_memory()  # memory/peak_mb is this step's
     cfg, G, timer = run.cfg, run.cfg.train.group_size, PhaseTimer()
-    sampling = Sampling.from_cfg(cfg.rollout)
     # Which prompts this step trains and which it starts (core/rollout/ahead.py): the batch generated one step ahead,
     # else this step's prompts, drawn and generated now; with rollout.generate_ahead, the next step's prompts start
     # on the current weights before this step trains (none after the last step).
     if run.gen.pending is None:
         idx, prompts = draw_prompts(run)
-        run.gen.start(run.engine, run.step, idx, prompts, sampling, timer)
+        run.gen.start(run.engine, run.step, idx, prompts, step_sampling(run, run.step), timer)
     idx, roll, made_by = run.gen.take(timer)  # the rows trained now, and the policy version that sampled them
     if cfg.rollout.generate_ahead and run.step + 1 < run.plan.total_steps:
         next_idx, next_prompts = draw_prompts(run)
-        run.gen.start(run.engine, run.step, next_idx, next_prompts, sampling, timer)
+        run.gen.start(run.engine, run.step, next_idx, next_prompts, step_sampling(run, run.step + 1), timer)
     rows = [run.data.train_rows[i] for i in idx]  # this rank's rows, group-major (a group may span ranks)
     with timer.phase("verify"):
         scored = score(run, roll, rows)
@@ -292,6 +291,16 @@ def rl_step(run: Run) -> dict:
         "rollout/policy_lag": run.step - made_by,  # versions between the weights trained and those that sampled
         **distributed.mean_metrics(timer.pop()), **peak_memory(), **numerics.skip_metrics(cfg.train.on_nonfinite, bad),
     }
+
+
+def step_sampling(run: Run, step: int) -> Sampling:
+    """How the batch RL step ``step`` (0-based) trains on is sampled: ``rollout``'s parameters; a seed from the run's
+    seed and that step, and this rank's rows numbered among the step's (:func:`draw_prompts`), so an engine that seeds
+    each row (vLLM) draws the same on every rank of an engine and a resumed run samples what the uninterrupted one
+    would (docs/vllm.md, "Sampling seeds"); the sampler's log-probs only when the loss reads them."""
+    first = distributed.own_rows(run.plan.samples_per_step).start
+    return Sampling.from_cfg(run.cfg.rollout, seed=sampling_seed(run.cfg.seed, "rollout", step), first_row=first,
+                             logprobs=run.plan.rollout_logprobs)
 
 
 def draw_prompts(run: Run) -> tuple[list[int], list[list[int]]]:

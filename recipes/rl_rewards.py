@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from core.rollout import RolloutBatch, Sampling
+from core.rollout import RolloutBatch, Sampling, sampling_seed
 from core.rollout.texts import REWARD_TEXTS
 from core.training import distributed
 from verifiers.correctness import Scorer
@@ -102,8 +102,11 @@ def evaluate(run: Run) -> float:
     with run.engine.gathered(run.rollout.gathers_policy):  # collective under ZeRO-3: every rank enters, rows or not
         if run.rollout.collective:  # as many prompts as every other rank (so as many synced generate chunks):
             ids = ids + data.eval_ids[:1] * (-(-n // world) - len(ids))  # stand-ins fill a short share, then go
-        if ids:
-            roll = run.rollout.generate(ids, Sampling.from_cfg(run.cfg.rollout, greedy=True)).head(len(rows))
+        if ids:  # rows numbered rank-major (a share holds at most ceil(n / world)); no log-probs are read
+            seed = sampling_seed(run.cfg.seed, "eval", run.step)
+            sampling = Sampling.from_cfg(run.cfg.rollout, greedy=True, seed=seed,
+                                         first_row=distributed.rank() * -(-n // world), logprobs=False)
+            roll = run.rollout.generate(ids, sampling).head(len(rows))
         if rows:
             s = score(run, roll, rows, evaluation=True)
             counts += torch.tensor([float(s.correct.sum()), float(s.judged.sum())], dtype=torch.float64)

@@ -28,7 +28,7 @@ class Forwards:
     old: torch.Tensor | None  # trainer log-probs before the updates (PPO pi_old)
     ref: torch.Tensor | None  # reference policy log-probs
     values: torch.Tensor | None  # critic values (stored: V_old of the value clip)
-    rollout: torch.Tensor  # sampler log-probs (the IS correction's denominator)
+    rollout: torch.Tensor | None  # sampler log-probs (the IS correction's denominator); None: not asked for
 
 
 def rollout_forwards(run: Run, roll: RolloutBatch) -> Forwards:
@@ -106,7 +106,7 @@ def micro_step(run: Run, roll: RolloutBatch, sl: torch.Tensor, mask, adv, ret, f
     lp, ent = engine.forward(response_logprobs, ids, am, P, temp, with_entropy=True,
                              entropy_grad=bool(cfg.loss.entropy_coef), packing=cfg.train.packing)
     inp = LossInput(lp, fw.old[sl] if fw.old is not None else lp.detach(), adv[sl], mask[sl],
-                    fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl])
+                    fw.ref[sl] if fw.ref is not None else None, ent, fw.rollout[sl] if fw.rollout is not None else None)
     loss, metrics = compute_policy_loss(inp, cfg.loss, cfg.kl, agg, kl_coef=run.kl_ctl.beta)
     engine.backward(loss)
     metrics["loss"] = loss.detach().double() * agg.num_micro_batches

@@ -20,7 +20,7 @@ from core.evaluation.estimators import (mean_correct, mean_pass_at_k, pass_at_k,
                                         set_metrics)
 from core.evaluation.sampling import completion_texts
 from core.paths import PROJECT_ROOT
-from core.rollout.batch import assemble
+from core.rollout.batch import assemble, sampling_seed
 from tests.helpers import CLI_ENV, TINY, results
 
 eval_schema.store()
@@ -254,9 +254,10 @@ engine = VLLMRollout(policy, tok, cfg, vllm=vllm_double)
 prompts = [tok("1+1", add_special_tokens=False)["input_ids"], tok("5+5", add_special_tokens=False)["input_ids"]]
 stop_id = tok.convert_tokens_to_ids("4")  # the double counts up from the prompt's last token: 2, 3, 4 after "1"
 ends = set(add_stop_tokens(engine, [stop_id, 10 ** 9], len(tok)))
-texts, finish = generate(engine, tok, prompts, 2, Sampling(5, 1.0, 0.95), 0, ends, [])
+# greedy (the double counts up); one problem per call: the rows are numbered across the calls
+texts, finish = generate(engine, tok, prompts, 2, Sampling(5, 0.0, seed=11), 2, ends, [])
 llm = engine.llm
-print(json.dumps({"model": llm.kwargs["model"], "loads": len(llm.loads), "prompts": llm.prompts,
+print(json.dumps({"model": llm.kwargs["model"], "loads": len(llm.loads), "prompts": llm.prompts, "seeds": llm.seeds,
                   "texts": texts, "finish": finish, "ends": sorted(ends), "stop_id": stop_id, "ids": prompts,
                   "eos": tok.eos_token_id}))
 """
@@ -265,14 +266,16 @@ print(json.dumps({"model": llm.kwargs["model"], "loads": len(llm.loads), "prompt
 def test_vllm_engine_loads_the_model_by_path_and_stops_at_stop_tokens():
     """rollout=vllm on the recording double (tests/vllm_double.py) in a process of its own (the engine starts a
     gloo process group): vLLM gets the model's path and no weights, each prompt repeated per sample, problem-major,
-    and a stop token ends a completion as vLLM's stop_token_ids do; an id beyond the vocabulary is left out."""
+    each request seeded by the batch seed and its row across the generate calls, and a stop token ends a completion
+    as vLLM's stop_token_ids do; an id beyond the vocabulary is left out."""
     proc = subprocess.run([sys.executable, "-c", VLLM_SCRIPT, str(_tiny_dir())], cwd=PROJECT_ROOT, env=CLI_ENV,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["model"] == str(_tiny_dir()) and out["loads"] == 0
     a, b = out["ids"]
-    assert out["prompts"] == [[a, a, b, b]]
+    assert out["prompts"] == [[a, a], [b, b]]
+    assert out["seeds"] == [[sampling_seed(11, 0), sampling_seed(11, 1)], [sampling_seed(11, 2), sampling_seed(11, 3)]]
     assert out["ends"] == sorted({out["eos"], out["stop_id"]})
     assert out["texts"] == ["23", "23", "6789a", "6789a"]  # the second counts on (string.printable order) to 5
     assert out["finish"] == ["stop", "stop", "length", "length"]

@@ -98,6 +98,19 @@ def test_seeded_sampling_repeats_bit_for_bit(model_tok):
     assert torch.equal(outs[0].logprobs, outs[1].logprobs)
 
 
+def test_logprobs_not_asked_for_are_none_and_the_draws_are_the_same(model_tok):
+    """``Sampling(logprobs=False)``: the batch's log-probs are None (in chunks too), and the tokens are those drawn
+    with them (recording them draws nothing)."""
+    model, tok = model_tok
+    outs = []
+    for asked in (True, False):
+        torch.manual_seed(3)
+        outs.append(_engine(model, tok, generation_batch_size=3).generate(
+            _prompts(tok), Sampling(max_new_tokens=8, logprobs=asked)))
+    assert outs[0].logprobs is not None and outs[1].logprobs is None and outs[1].head(2).logprobs is None
+    assert torch.equal(outs[0].input_ids, outs[1].input_ids)
+
+
 def test_concat_rollouts_repads_both_sides(model_tok):
     model, tok = model_tok
     eng = _engine(model, tok)

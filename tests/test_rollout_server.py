@@ -163,6 +163,8 @@ def test_push_reaches_every_server_exactly_and_generation_uses_the_pushed_weight
     m = batch.response_mask.bool()
     assert int(m.sum()) >= 5
     torch.testing.assert_close(lp[m], batch.logprobs[m], atol=1e-4, rtol=1e-4)  # the pushed weights generated
+    bare = roll.generate(prompts, Sampling(max_new_tokens=6, temperature=0.0, logprobs=False))  # none asked for
+    assert bare.logprobs is None and [_state(base + j)["bare"] - before[j]["bare"] for j in range(2)] == [3, 2]
 
 
 def test_a_pending_generation_blocks_a_push_until_its_result_is_taken(servers):

@@ -52,6 +52,17 @@ def test_the_real_engine_refuses_a_machine_without_cuda():
         VLLMRollout(None, None, schema.node(schema.RolloutConfig, {"vllm": {}}))
 
 
+@pytest.fixture(autouse=True)
+def _rng_put_back():
+    """The double seeds the process's generators when an ``LLM`` is built, as vLLM's worker does: the tests of this
+    file that build one in this process put them back for the tests after them."""
+    from core.training.checkpoint import rng_state, set_rng_state
+
+    state = rng_state()
+    yield
+    set_rng_state(state)
+
+
 class _FakeDist:
     """``torch.distributed`` as a single process sees it before the engine starts a world of one; records calls."""
 
@@ -235,20 +246,65 @@ def test_tensor_parallel_group_generates_all_its_prompts_and_each_rank_keeps_its
     for r, rank in enumerate(got):
         tp = rank["tp"]
         assert tp["collective"] and tp["kwargs"]["tensor_parallel_size"] == 2
-        assert tp["kwargs"]["seed"] == 0  # one seed per group: its ranks sample alike
+        assert tp["kwargs"]["seed"] == 0  # the engine's seed, one per group (TRL's)
         assert tp["prompts"] == [PROMPTS[0] + PROMPTS[1]]  # rank order, unequal counts
-        _check_own_completions(tp, PROMPTS[r], SAMPLING.max_new_tokens)
+        assert len(set(tp["seeds"][0])) == 5  # every request its own seed, counted alike on the group's ranks
+        _check_own_completions(tp, PROMPTS[r], slice(3 * r, 3 + 2 * r), SAMPLING.max_new_tokens)
         solo = rank["solo"]
         assert not solo["collective"] and solo["kwargs"]["seed"] == r  # no group: each rank its own stream
         assert solo["prompts"] == [PROMPTS[r]]
-        _check_own_completions(solo, PROMPTS[r], SAMPLING.max_new_tokens)
+        _check_own_completions(solo, PROMPTS[r], slice(0, len(PROMPTS[r])), SAMPLING.max_new_tokens)
         assert rank["refused_tp4"]  # 4 does not divide 2 ranks
+    assert got[0]["tp"]["seeds"] == got[1]["tp"]["seeds"] and got[0]["tp"]["outputs"] == got[1]["tp"]["outputs"]
+    assert not set(got[0]["solo"]["seeds"][0]) & set(got[1]["solo"]["seeds"][0])  # two engines: two streams
 
 
-def _check_own_completions(rec: dict, prompts: list[list[int]], max_tokens: int) -> None:
-    want = [completion(p, max_tokens) for p in prompts]
+def _check_own_completions(rec: dict, prompts: list[list[int]], mine: slice, max_tokens: int) -> None:
+    """This rank's rows of the double's only generate call, sampled at temperature 1 with the seeds it was sent."""
+    want = [completion(p, max_tokens, 1.0, seed, rec["vocab"]) for p, seed in zip(prompts, rec["seeds"][0][mine])]
     assert rec["response_ids"] == [tokens for tokens, _ in want]
     assert rec["logprobs"] == [lps for _, lps in want]  # multiples of 1/128: exact in float32
+
+
+@pytest.mark.distributed
+def test_a_batch_seed_seeds_each_row_by_its_index_and_unread_logprobs_are_not_asked_for(ranks):
+    """``Sampling(seed=7, first_row=10 r)`` on rank r's engine: row i's request carries ``sampling_seed(7, 10 r + i)``;
+    with ``logprobs=False`` vLLM is asked for none (``SamplingParams.logprobs`` None) and the batch holds None."""
+    from core.rollout import sampling_seed
+    from tests.vllm_worker import PROMPTS
+
+    got, _ = ranks
+    for r, rank in enumerate(got):
+        seeded = rank["seeded"]
+        want = [sampling_seed(7, 10 * r + i) for i in range(len(PROMPTS[r]))]
+        assert seeded["seeds"] == want and [p.seed for p in seeded["params"]] == want
+        assert all(p.logprobs is None for p in seeded["params"]) and seeded["logprobs"] is None
+        assert seeded["response_ids"] == [completion(p, 3, 1.0, s, rank["solo"]["vocab"])[0]
+                                          for p, s in zip(PROMPTS[r], want)]
+
+
+@pytest.mark.distributed
+def test_the_loops_tensor_parallel_ranks_sample_alike_and_a_resume_samples_as_the_whole_run(ranks):
+    """recipes/rl.py with ``rollout.engine=vllm`` at tensor_parallel_size=2 on 2 ranks (one engine), the double
+    sampling as vLLM 0.31.0 does (tests/vllm_double.py: an unseeded request draws its seed from its rank's numpy
+    generator, which the loop seeds per rank). Every generate of every run (2 steps; 1 step; that one resumed to
+    2): both ranks' engine got the same prompts and seeds and generated the same tokens. The training rollouts
+    sampled (not the greedy tokens); step 1 of both runs and step 2 of the whole and the resumed run are the same."""
+    got, _ = ranks
+    loops = [rank["loop"] for rank in got]
+    for run in ("whole", "first", "resumed"):
+        calls = loops[0][run]["outputs"]
+        assert len(calls) == {"whole": 4, "first": 3, "resumed": 2}[run]  # evaluation, steps, evaluation
+        for key in ("outputs", "prompts", "seeds"):
+            assert loops[0][run][key] == loops[1][run][key], (run, key)
+    whole, first, resumed = (loops[0][run] for run in ("whole", "first", "resumed"))
+    for key in ("outputs", "prompts", "seeds"):
+        assert whole[key][1] == first[key][1] and whole[key][2] == resumed[key][0], key
+    greedy = [[completion(p, 4, vocab=whole["vocab"])[0] for p in call] for call in whole["prompts"]]
+    assert whole["outputs"][0] == greedy[0] and whole["outputs"][3] == greedy[3]  # evaluation: greedy
+    for step in (1, 2):
+        assert len(whole["outputs"][step]) == 16  # 4 prompts x 4, both ranks' rows
+        assert whole["outputs"][step] != greedy[step]  # sampled
 
 
 @pytest.mark.distributed

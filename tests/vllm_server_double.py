@@ -7,10 +7,11 @@
 prompts; ``token_ids`` and completions-format log-probs in the answer). It generates with a Hugging Face copy of
 the model, one prompt at a time, token by token: greedy at temperature 0, else sampled from
 ``softmax(logits / T)`` (top-p 1 and top-k off are all it supports, and it refuses others), the log-prob
-reported being that of the sampled token under ``log_softmax(logits / T)`` (vLLM's ``processed_logprobs``); it
-stops on ``stop_token_ids``, keeping the stop token, as vLLM does. Weights arrive tensor by tensor over a gloo
-group in place of vLLM's NCCL weight-transfer group and are copied into the model by name. What it saw is
-answered at ``/debug/state``: pushes, update events, prompts generated, and a SHA-256 of every weight.
+reported being that of the sampled token under ``log_softmax(logits / T)`` (vLLM's ``processed_logprobs``), and none
+when the request asks for none (``logprobs: null``, as vLLM answers); it stops on ``stop_token_ids``, keeping the
+stop token, as vLLM does. Weights arrive tensor by tensor over a gloo group in place of vLLM's NCCL weight-transfer
+group and are copied into the model by name. What it saw is answered at ``/debug/state``: pushes, update events,
+prompts generated (and how many without log-probs), and a SHA-256 of every weight.
 
 **The client** :class:`GlooVLLMClient` is TRL's ``VLLMClient`` itself with two pieces swapped, the ones that
 need vLLM and CUDA: ``init_communicator`` opens a gloo group (TRL's opens vLLM's NCCL trainer endpoint, on CUDA
@@ -123,6 +124,7 @@ class DoubleServer:
         self.events: list[str] = []
         self.pushes = 0
         self.prompts = 0
+        self.bare = 0  # prompts generated without log-probs asked for
 
     def init_weights(self, init_info: dict) -> dict:
         self.group = _gloo_group(init_info, int(init_info["rank_offset"]))
@@ -148,6 +150,9 @@ class DoubleServer:
         with self.lock, torch.no_grad():
             choices = [self._one(list(p), float(body["temperature"]), int(body["max_tokens"]), stops)
                        for p in body["prompt"]]
+        if body.get("logprobs") is None:  # not asked for: vLLM's completions answer has none
+            choices = [{**c, "logprobs": None} for c in choices]
+            self.bare += len(choices)
         self.prompts += len(choices)
         return {"choices": choices}
 
@@ -171,7 +176,7 @@ class DoubleServer:
                              "top_logprobs": [{} for _ in out]}}
 
     def state(self) -> dict:
-        return {"pushes": self.pushes, "prompts": self.prompts, "events": self.events,
+        return {"pushes": self.pushes, "prompts": self.prompts, "bare": self.bare, "events": self.events,
                 "weights": {name: digest(p) for name, p in self.params.items()}}
 
 

@@ -5,13 +5,21 @@ Run as ``DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 tests/vllm_worker.py MOD
 
 1. an engine with ``tensor_parallel_size=2`` and sleep mode: push, generate (rank 0 holds 3 prompts, rank 1
    holds 2), one optimiser step, push again (rank 0 also keeps DeepSpeed's own consolidated weights);
-2. an engine with ``tensor_parallel_size=1`` and no sleep: push, generate;
-3. ``tensor_parallel_size=4`` on 2 ranks, which must be refused.
+2. an engine with ``tensor_parallel_size=1`` and no sleep: push, generate, then generate with a batch seed and no
+   log-probs asked for;
+3. ``tensor_parallel_size=4`` on 2 ranks, which must be refused;
+4. the RL loop itself (recipes/rl.py ``setup``, ``train``, ``save``) with ``rollout.engine=vllm`` on the double at
+   ``tensor_parallel_size=2`` (both ranks one engine), sampling at temperature 1: a run of 2 steps, and a run
+   stopped after step 1 then resumed to step 2 (:func:`loop_runs`). The double stands in for vLLM in this process:
+   ``core.rollout.installed`` reports it installed, and the loop's ``build_rollout`` passes it to the engine (the
+   engine refuses a machine without CUDA before importing the real one).
 """
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -57,10 +65,47 @@ def one_step(engine) -> None:
 
 
 def record(roll: VLLMRollout, batch) -> dict:
-    return {"kwargs": roll.llm.kwargs, "events": roll.llm.events, "loads": roll.llm.loads,
-            "prompts": roll.llm.prompts, "generate_probes": roll.llm.generate_probes, "collective": roll.collective,
+    """What the engine's double recorded so far (copies: later calls add to its lists) and ``batch``."""
+    llm = roll.llm
+    return {"kwargs": llm.kwargs, "events": list(llm.events), "loads": list(llm.loads), "prompts": list(llm.prompts),
+            "seeds": list(llm.seeds), "outputs": list(llm.outputs), "vocab": llm.vocab,
+            "generate_probes": list(llm.generate_probes), "collective": roll.collective,
             "response_ids": batch.response_ids.tolist(), "response_mask": batch.response_mask.tolist(),
-            "logprobs": batch.logprobs.tolist()}
+            "logprobs": None if batch.logprobs is None else batch.logprobs.tolist()}
+
+
+# the tiny recipe on the double: both ranks one vLLM engine, sampled rollouts, a checkpoint every step
+LOOP = ["scale=tiny", "rollout=vllm", "rollout.engine=vllm", "rollout.vllm.tensor_parallel_size=2",
+        "rollout.greedy=false", "rollout.temperature=1.0", "rollout.max_new_tokens=4", "train.warm_start.steps=0",
+        "train.eval_prompts=4", "train.checkpoint_every=1", "logger.progress=false", "logger.tensorboard=false"]
+
+
+def loop_runs(out: Path) -> dict:
+    """What this rank's double generated at each call (prompts, request seeds, tokens) in: a run of 2 steps
+    (``whole``); a run of 1 step (``first``); that run resumed to 2 steps (``resumed``)."""
+    import core.rollout
+    from core.registry import installed
+    from recipes import rl
+
+    core.rollout.installed = lambda package: package == "vllm" or installed(package)  # the double is vLLM here
+    rl.build_rollout = lambda name, model, tok, cfg: VLLMRollout(model, tok, cfg, vllm=vllm_double)
+    return {"whole": _loop(rl, out / "whole", 2, False), "first": _loop(rl, out / "cut", 1, False),
+            "resumed": _loop(rl, out / "cut", 2, True)}
+
+
+def _loop(rl, run_dir: Path, steps: int, resume: bool) -> dict:
+    from hydra.core.global_hydra import GlobalHydra
+
+    from core.config.composition import compose
+
+    GlobalHydra.instance().clear()
+    cfg = compose([*LOOP, f"train.total_steps={steps}", f"resume={str(resume).lower()}",
+                   f"paths.results_dir={run_dir.parent / 'results'}"], with_hydra=True)
+    run = rl.setup(cfg, str(run_dir))
+    rl.train(run)
+    rl.save(run)
+    return {"prompts": run.rollout.llm.prompts, "seeds": run.rollout.llm.seeds, "outputs": run.rollout.llm.outputs,
+            "vocab": run.rollout.llm.vocab}
 
 
 def main(model_dir: str, out: str) -> None:
@@ -91,12 +136,16 @@ def main(model_dir: str, out: str) -> None:
     solo = rollout(engine, tok, {})
     solo.sync_weights(engine)
     result["solo"] = record(solo, solo.generate(PROMPTS[rank], SAMPLING))
+    seeded = solo.generate(PROMPTS[rank], replace(SAMPLING, seed=7, first_row=10 * rank, logprobs=False))
+    result["seeded"] = {"logprobs": seeded.logprobs, "response_ids": seeded.response_ids.tolist(),
+                        "params": solo.llm.params[-1], "seeds": solo.llm.seeds[-1]}
 
     try:
         rollout(engine, tok, {"tensor_parallel_size": 4})
         result["refused_tp4"] = False
     except InputError:
         result["refused_tp4"] = True
+    result["loop"] = loop_runs(Path(f"{out}.loop"))
     torch.save(result, f"{out}.rank{rank}.pt")
     distributed.barrier()
     torch.distributed.destroy_process_group()

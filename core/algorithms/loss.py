@@ -24,7 +24,7 @@ class LossInput:
     mask: torch.Tensor  # [N, R] 1 on tokens that count
     ref_logprobs: torch.Tensor | None = None  # [N, R] frozen reference policy
     entropy: torch.Tensor | None = None  # [N, R]
-    rollout_logprobs: torch.Tensor | None = None  # [N, R] sampler's log-probs (vLLM), for IS correction
+    rollout_logprobs: torch.Tensor | None = None  # [N, R] sampler's log-probs, for IS correction; None: not asked for
 
 
 @dataclass
@@ -102,9 +102,12 @@ def gspo(inp: LossInput, cfg):
 
 # ----------------------------------------------------------------------------------- IS correction
 def _is_log_weight(inp: LossInput) -> torch.Tensor:
-    """``log w = logp_old(trainer) - logp(sampler)``; zero when the sampler is the trainer itself."""
+    """``log w = logp_old(trainer) - logp(sampler)``. Without the sampler's log-probs there is no weight to take: a
+    weight of 1 would pass for a correction that never ran, so it is refused."""
     if inp.rollout_logprobs is None:
-        return torch.zeros_like(inp.old_logprobs)  # [N, R]
+        raise ValueError("loss.is_correction needs the sampler's log-probs (LossInput.rollout_logprobs), and this "
+                         "rollout has none: the loop asks the engine for them when loss.is_correction.mode is not "
+                         "none (RLPlan.rollout_logprobs)")
     return (inp.old_logprobs - inp.rollout_logprobs).detach() * inp.mask  # [N, R]
 
 

@@ -131,6 +131,9 @@ class RLPlan(RunPlan):
     ppo_epochs: int
     optimizer_steps_per_rl_step: int
     logprob_micro_batch_size: int
+    # the loss reads the sampler's per-token log-probs (an importance correction: loss.is_correction.mode), so the
+    # rollout asks the engine for them; nothing else reads them, and vLLM's costs a Python object per token
+    rollout_logprobs: bool
     epochs: int | None
     warm_start: bool  # the supervised warm start runs before RL (train.warm_start.enabled resolved)
     warm_start_why: str  # why it runs or not, in the config's keys (core/config/warm_start.py)
@@ -202,7 +205,8 @@ def rl_plan(cfg) -> RLPlan:
                   mini_batch_per_rank=t.mini_batch_size // world, micro_batch_size=t.micro_batch_size,
                   grad_accum=t.mini_batch_size // (t.micro_batch_size * world), ppo_epochs=t.ppo_epochs,
                   optimizer_steps_per_rl_step=mini_batches * t.ppo_epochs,
-                  logprob_micro_batch_size=t.logprob_micro_batch_size, warm_start=warm.runs,
+                  logprob_micro_batch_size=t.logprob_micro_batch_size,
+                  rollout_logprobs=cfg.loss.is_correction.mode != "none", warm_start=warm.runs,
                   warm_start_why=warm.why)
 
 

@@ -142,7 +142,7 @@ class VllmConfig:
     gpu_memory_utilization_of: str = ck("card", one_of("card", "free"))
     tensor_parallel_size: int = ck(1, POS)
     max_model_len: Optional[int] = ck(None, OPT_POS)
-    seed: int = ck(0, NONNEG)  # rank r samples with seed + r // tensor_parallel_size
+    seed: int = ck(0, NONNEG)  # rank r's engine: seed + r // tensor_parallel_size (TRL); requests carry their own
     enable_prefix_caching: bool = True
     enable_sleep_mode: bool = False  # free vLLM's GPU memory while the trainer runs (TRL vllm_enable_sleep_mode)
     sleep_level: int = ck(2, one_of(1, 2))  # 1: weights kept in CPU memory; 2: discarded (TRL's)

@@ -47,15 +47,20 @@ def completion_texts(tokenizer, roll, ends: set[int], stop: Sequence[str]) -> tu
 def generate(rollout, tokenizer, ids: list[list[int]], samples: int, sampling: Sampling, batch: int,
              ends: set[int], stop: Sequence[str], desc: str = "") -> tuple[list[str], list[str]]:
     """Texts and finish reasons of ``samples`` completions of every prompt in ``ids``, problem-major; each
-    ``generate`` call holds whole problems, ``batch`` completions at most (0: all at once). A progress bar named
-    ``desc`` counts the problems done, on a terminal only."""
+    ``generate`` call holds whole problems, ``batch`` completions at most (0: all at once), its rows numbered from
+    ``sampling.first_row`` on across the calls (an engine that seeds each row draws completion ``j`` of problem ``i``
+    from ``sampling.seed`` and row ``i * samples + j``, however the calls are cut). A progress bar named ``desc``
+    counts the problems done, on a terminal only."""
+    from dataclasses import replace
+
     from tqdm import tqdm
 
     per_call = max(1, batch // samples) if batch else len(ids)
     texts, finish = [], []
     with tqdm(total=len(ids), desc=desc, unit="problem", disable=None, leave=False, dynamic_ncols=True) as bar:
         for i in range(0, len(ids), per_call):
-            roll = rollout.generate([p for p in ids[i:i + per_call] for _ in range(samples)], sampling)
+            rows = replace(sampling, first_row=sampling.first_row + i * samples)
+            roll = rollout.generate([p for p in ids[i:i + per_call] for _ in range(samples)], rows)
             t, f = completion_texts(tokenizer, roll, ends, stop)
             texts += t
             finish += f

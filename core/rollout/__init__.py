@@ -12,7 +12,10 @@ built from ``(model, tokenizer, rollout_cfg)``, and the loop calls the same memb
 - ``collective``: ``generate`` takes part in collectives, so every rank calls it with as many prompts as the
   others, stand-ins filling a short share (``hf`` on partitioned ZeRO-3 weights: one synced generate per
   chunk; ``vllm`` with tensor parallelism; ``vllm_server``);
-- ``generate(prompts, sampling)``: a :class:`core.rollout.batch.RolloutBatch`;
+- ``generate(prompts, sampling)``: a :class:`core.rollout.batch.RolloutBatch`. ``sampling`` also names the batch's
+  seed and this rank's first row (``vllm`` seeds each request from them, so a tensor-parallel group's ranks draw
+  alike and a resume replays: core/rollout/batch.py ``row_seeds``) and whether the caller reads the log-probs (the
+  batch's are None when not);
 - ``start_generate(prompts, sampling)`` (optional): begin generating and return a handle whose ``result()`` is
   that batch (a server engine sends its request from a thread and returns at once). ``result()`` is called
   once, on every rank (it may take part in collectives), and no push happens between the start and it.
@@ -28,7 +31,7 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from core.registry import Registry, installed
-from core.rollout.batch import RolloutBatch, Sampling  # noqa: F401  (the package's public types)
+from core.rollout.batch import RolloutBatch, Sampling, sampling_seed  # noqa: F401  (the package's public types)
 
 
 def vllm_problems(name: str, cfg, packages: bool = True) -> list[str]:

@@ -2,7 +2,8 @@
 
 Log-probs are ``log_softmax(logits / T)`` of each chosen token: the temperature-scaled policy the trainer
 differentiates (TRL divides logits by the temperature the same way), before top-p/top-k truncation;
-greedy decoding reports ``T = 1`` log-probs. They are read by a logits processor as generation goes
+greedy decoding reports ``T = 1`` log-probs, and none are computed when the caller does not read them
+(``Sampling.logprobs``: the batch's are None). They are read by a logits processor as generation goes
 (:class:`ChosenLogprobs`), so the engine keeps one step's ``[n, V]`` distribution instead of every step's
 logits (``output_logits`` would hold ``[n, R, V]``: tens of GB at a 152k vocabulary and 4k tokens).
 """
@@ -94,12 +95,13 @@ class HFGenerateRollout:
         pad, device = self.tokenizer.pad_token_id, next(self.model.parameters()).device
         ids, mask = left_pad(prompts, pad, device)  # [n, P]
         greedy = sp.temperature <= 0
-        record = ChosenLogprobs(1.0 if greedy else sp.temperature)
+        record = ChosenLogprobs(1.0 if greedy else sp.temperature) if sp.logprobs else None  # only when read
         was_training = self.model.training
         self.model.eval()
         out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=self._config(sp),
-                                  logits_processor=LogitsProcessorList([record]),
+                                  logits_processor=LogitsProcessorList([record] if record else []),
                                   synced_gpus=_partitioned(self.model))
         self.model.train(was_training)
         resp = out[:, ids.shape[1]:]  # [n, R]
-        return assemble(ids, mask, resp, self.eos_ids, pad, record.finish(resp[:, -1]))  # log-probs [n, R]
+        lps = record.finish(resp[:, -1]) if record else None  # [n, R]
+        return assemble(ids, mask, resp, self.eos_ids, pad, lps)

@@ -127,13 +127,15 @@ class ServerRollout:
         greedy = sampling.temperature <= 0
         kwargs = dict(n=1, temperature=0.0 if greedy else sampling.temperature,
                       top_p=1.0 if greedy else sampling.top_p, top_k=0 if greedy else max(sampling.top_k, 0),
-                      max_tokens=sampling.max_new_tokens, logprobs=0,
+                      max_tokens=sampling.max_new_tokens, logprobs=0 if sampling.logprobs else None,
                       generation_kwargs={"stop_token_ids": self.eos_ids, "skip_special_tokens": False})
         splits = even_shares(len(prompts), len(self.clients))
         shares = [(c, url, share) for c, url, share in zip(self.clients, self.urls, splits) if share.stop > share.start]
         with ThreadPoolExecutor(max_workers=len(shares)) as pool:
             outs = list(pool.map(lambda cus: naming(cus[1], cus[0].generate, prompts[cus[2]], **kwargs), shares))
         resp = [ids for out in outs for ids in out["completion_ids"]]
+        if not sampling.logprobs:  # not asked for: the batch's are None
+            return resp, None
         lps = [_sampled_logprobs(seq_ids, seq_lps, r) for out in outs
                for seq_ids, seq_lps, r in zip(out["logprob_token_ids"], out["logprobs"], out["completion_ids"])]
         return resp, lps
@@ -245,8 +247,8 @@ class PendingGeneration:
         resp, lps = payload[1]
         mine = slice(self.start, self.start + len(self.prompts))
         r = self.rollout
-        self._batch = from_token_lists(self.prompts, resp[mine], lps[mine], r.eos_ids, r.tokenizer.pad_token_id,
-                                       r.device)
+        self._batch = from_token_lists(self.prompts, resp[mine], None if lps is None else lps[mine], r.eos_ids,
+                                       r.tokenizer.pad_token_id, r.device)
         return self._batch
 
 

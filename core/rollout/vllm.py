@@ -16,8 +16,22 @@ mode (``trl/generation/vllm_generation.py``, ``VLLMGeneration``):
   form one vLLM instance each (:func:`tp_groups`, ``new_subgroups_by_enumeration`` as in TRL), and every
   rank of a group must send it the same prompts. So each rank's prompts are all-gathered within its group
   and generated together, and each rank keeps its own slice, in order. Counts may differ between ranks;
-  TRL slices assuming equal counts. The sampling seed is ``seed + rank // k``: a group's ranks sample
-  alike, different groups differently (TRL: ``process_index // tp``).
+  TRL slices assuming equal counts. The engine's ``seed`` is ``seed + rank // k`` (TRL: ``process_index // tp``).
+- Sampling seeds: every request carries its own ``SamplingParams.seed`` (:func:`core.rollout.batch.row_seeds`: a
+  hash of the batch's seed and the row's index among every rank's rows), and a group's ranks send the same list.
+  Under ``external_launcher`` each rank of a group runs its own scheduler and sampler in the trainer's process,
+  so they must draw alike; unseeded, vLLM 0.31.0 draws from the process's generators, which the loop seeds per
+  rank and a resume restores per rank. Seeded, a row's draws depend on nothing else: the ranks agree, and a
+  resumed run samples what the uninterrupted one would. vLLM 0.31.0's default GPU runner (Model Runner V2) keys
+  its Gumbel noise by ``(seed, position, token)`` (``vllm/v1/worker/gpu/sample/gumbel.py``); an unseeded request
+  gets a seed from numpy's global generator when it is added (``sample/states.py`` ``add_request``), so seeds cost
+  it nothing per step. The V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``) draws unseeded rows from the device's default
+  generator in one ``exponential_`` and seeded rows one ``torch.Generator`` each, one launch per row per decode
+  step (``vllm/v1/sample/ops/topk_topp_sampler.py`` ``random_sample``). Seeding the default generators alike within
+  a group for each ``generate`` and restoring each rank's after was the alternative: it depends on the order vLLM
+  schedules and admits requests (a resumed run starts with a cold prefix cache) and on which generator the runner
+  reads, so it was not taken. A caller without a batch seed (``Sampling.seed`` None) gets one counted from the
+  engine's seed, its group and its calls: its ranks agree, a resume does not replay it. docs/vllm.md.
 - Sleep mode (``rollout.vllm.enable_sleep_mode``): the engine is built, then put to sleep. Each push first
   wakes the weights (after ``torch.cuda.empty_cache()``). Each ``generate`` wakes the KV cache and sleeps
   again at ``sleep_level``; at 2, TRL's level, weights and KV cache are discarded and the next push
@@ -28,7 +42,9 @@ mode (``trl/generation/vllm_generation.py``, ``VLLMGeneration``):
   the build and passes the KV cache veRL 0.2's worker would size from it as ``kv_cache_memory_bytes``.
 
 Log-probs: ``logprobs_mode="processed_logprobs"``, i.e. after temperature (and top-p/top-k) processing,
-which equals the ``hf`` engine's temperature-scaled log-probs when top-p = 1 and top-k is off.
+which equals the ``hf`` engine's temperature-scaled log-probs when top-p = 1 and top-k is off. vLLM is asked for
+them (``logprobs=0``: the sampled token's) only when the caller reads them (``Sampling.logprobs``); otherwise the
+batch's ``logprobs`` is None.
 
 How far exercised (docs/vllm.md): on CPU, everything above runs against a recording double of
 ``vllm.LLM`` (``tests/vllm_double.py``) under DeepSpeed ZeRO-3 on 2 gloo ranks. Real vLLM, NCCL and GPUs
@@ -46,7 +62,7 @@ import torch.distributed as dist
 
 from core.errors import InputError
 from core.rollout import vllm_memory as vm
-from core.rollout.batch import RolloutBatch, Sampling, eos_token_ids, from_token_lists
+from core.rollout.batch import RolloutBatch, Sampling, eos_token_ids, from_token_lists, row_seeds, sampling_seed
 
 
 def _ensure_process_group(device: torch.device) -> None:
@@ -106,6 +122,7 @@ class VLLMRollout:
         # pushed weights stay until the next push unless sleep puts them away: a push is what wakes them
         self.keeps_weights = not self.sleep_level
         self._vllm, self.tokenizer = vllm, tokenizer
+        self.seed, self.calls = int(v.seed) + rank // tp, 0  # the engine's seed (TRL's); generate calls so far
         self.eos_ids = eos_token_ids(tokenizer, model, cfg.stop_token_ids)
         self.llm = vllm.LLM(
             model=model.name_or_path,
@@ -114,7 +131,7 @@ class VLLMRollout:
             tensor_parallel_size=tp,
             max_model_len=v.max_model_len,
             distributed_executor_backend="external_launcher",
-            seed=int(v.seed) + rank // tp,
+            seed=self.seed,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=bool(v.enable_prefix_caching),
             enable_sleep_mode=bool(v.enable_sleep_mode),
@@ -143,24 +160,34 @@ class VLLMRollout:
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> RolloutBatch:
         if self._weights_asleep:
             raise RuntimeError("vLLM's weights are asleep: call sync_weights(engine) before generate")
-        greedy = sampling.temperature <= 0
-        params = self._vllm.SamplingParams(
-            n=1, temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
-            top_k=-1 if greedy or sampling.top_k <= 0 else sampling.top_k, max_tokens=sampling.max_new_tokens,
-            logprobs=0, stop_token_ids=self.eos_ids, skip_special_tokens=False,
-        )
-        group_prompts, mine = gather_in_group(prompts, self.tp_group)
+        own = row_seeds(sampling, len(prompts)) or [None] * len(prompts)
+        rows, mine = gather_in_group(list(zip(prompts, own)), self.tp_group)  # the group's, the same on its ranks
+        self.calls += 1
+        if sampling.seed is None:  # counted alike on a group's ranks: they call generate together
+            base = sampling_seed("vllm", self.seed, self.calls)
+            rows = [(p, sampling_seed(base, j)) for j, (p, _) in enumerate(rows)]
         if self.sleep_level:
             self.llm.wake_up(tags=["kv_cache"])
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in group_prompts], sampling_params=params,
+        outs = self.llm.generate([{"prompt_token_ids": p} for p, _ in rows],
+                                 sampling_params=[self._params(sampling, seed) for _, seed in rows],
                                  use_tqdm=False)[mine]
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
             self._weights_asleep = True
         resp = [list(o.outputs[0].token_ids) for o in outs]
         lps = [[_chosen_logprob(step, tok) for step, tok in zip(o.outputs[0].logprobs or [], r)]
-               for o, r in zip(outs, resp)]
+               for o, r in zip(outs, resp)] if sampling.logprobs else None
         return from_token_lists(prompts, resp, lps, self.eos_ids, self.tokenizer.pad_token_id, self.device)
+
+    def _params(self, sampling: Sampling, seed: int):
+        """One request's ``SamplingParams``: its own seed; the sampled token's log-prob only when asked for."""
+        greedy = sampling.temperature <= 0
+        return self._vllm.SamplingParams(
+            n=1, temperature=0.0 if greedy else sampling.temperature, top_p=1.0 if greedy else sampling.top_p,
+            top_k=-1 if greedy or sampling.top_k <= 0 else sampling.top_k, max_tokens=sampling.max_new_tokens,
+            logprobs=0 if sampling.logprobs else None, stop_token_ids=self.eos_ids, skip_special_tokens=False,
+            seed=seed,
+        )
 
 
 def memory_args(v, model, tp: int, device: torch.device, group=None) -> dict:
@@ -207,15 +234,15 @@ def _free_budget(v, model, tp: int, device: torch.device) -> tuple[int, int, int
     return kv, min(weights + activations + kv, free - vm.START_SLACK), total
 
 
-def gather_in_group(prompts: list[list[int]], group) -> tuple[list[list[int]], slice]:
-    """The prompts of every rank of ``group`` in rank order, and where this rank's lie among them (ranks
-    may hold different counts). ``group`` None: this rank's alone."""
+def gather_in_group(rows: list, group) -> tuple[list, slice]:
+    """The rows (prompts, or prompts with their seeds) of every rank of ``group`` in rank order, and where this rank's
+    lie among them (ranks may hold different counts). ``group`` None: this rank's alone."""
     if group is None:
-        return prompts, slice(0, len(prompts))
+        return rows, slice(0, len(rows))
     parts: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(parts, prompts, group=group)
+    dist.all_gather_object(parts, rows, group=group)
     start = sum(len(p) for p in parts[:dist.get_rank(group)])
-    return [p for part in parts for p in part], slice(start, start + len(prompts))
+    return [p for part in parts for p in part], slice(start, start + len(rows))
 
 
 def _chosen_logprob(step: dict, token: int) -> float:

@@ -41,8 +41,11 @@ def _digest(model) -> str:
 def test_ahead_trains_each_step_on_the_batch_sampled_by_the_weights_of_two_steps_before(compose_cfg, tmp_path,
                                                                                           monkeypatch):
     """hf engine: the sampler's own log-probs of the batch trained at step t are those of the policy after step
-    t - 2 (after step 0 at steps 1 and 2), to float rounding, and are far from every other version's."""
-    cfg = compose_cfg(*MOVING, *_steps(4), "rollout.generate_ahead=1", f"paths.results_dir={tmp_path}")
+    t - 2 (after step 0 at steps 1 and 2), to float rounding, and are far from every other version's. The loop asks
+    for the sampler's log-probs only when the loss reads them: an importance correction does (its weights change the
+    updates, not which weights sampled)."""
+    cfg = compose_cfg(*MOVING, *_steps(4), "rollout.generate_ahead=1", "loss.is_correction.mode=token_truncate",
+                      "loss.is_correction.high=2.0", f"paths.results_dir={tmp_path}")
     run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
     versions, trained, lags, forwards = [copy.deepcopy(run.engine.module.state_dict())], {}, [], rl.rollout_forwards
 

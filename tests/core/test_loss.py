@@ -290,3 +290,13 @@ def test_gradient_accumulation_matches_one_big_batch(name, seed):
 
 def test_every_aggregation_declares_whether_accumulation_is_exact():
     assert all("accumulation_exact" in AGGREGATIONS.meta(n) for n in AGGREGATIONS.names())
+
+
+def test_is_correction_refuses_a_rollout_without_sampler_logprobs():
+    """A rollout generated without log-probs (``Sampling.logprobs`` false) has None in their place: an importance
+    correction asked to weigh it raises, where a weight of 1 would pass for a correction that never ran."""
+    inp = _inp([[1.0, 1.0]], [[1.0, 1.0]])  # rollout_logprobs None
+    cfg = OmegaConf.merge(LOSS, {"is_correction": {"mode": "token_truncate", "low": None, "high": 3.0}})
+    with pytest.raises(ValueError, match="needs the sampler's log-probs"):
+        compute_policy_loss(inp, cfg, KL, AggContext())
+    assert compute_policy_loss(inp, LOSS, KL, AggContext())[0].isfinite()  # mode none: nothing reads them

@@ -298,3 +298,29 @@ def test_the_warm_start_trains_fp32_without_flash_attention():
         model = freeze(schema.node(schema.ModelConfig, dtype="bfloat16", attn_implementation=attn))
         got = warm_start_model_cfg(model)
         assert (got.dtype, got.attn_implementation, got.arch) == ("float32", want, model.arch)
+
+
+@pytest.mark.parametrize("mode", ["none", "token_truncate"])
+def test_rollout_logprobs_are_asked_for_only_when_the_loss_reads_them(compose_cfg, tmp_path, monkeypatch, mode):
+    """The sampler's log-probs feed the importance correction alone (``loss.is_correction``): with it off the loop asks
+    no engine for them and its batches hold None, so nothing can read stand-in numbers; with it on they are there.
+    Held-out evaluation scores texts and never asks. Every generate of a 1-step run is recorded."""
+    from core.rollout.hf import HFGenerateRollout
+
+    calls, real = [], HFGenerateRollout.generate
+
+    def recording(self, prompts, sampling):
+        batch = real(self, prompts, sampling)
+        calls.append((sampling.temperature > 0, sampling.logprobs, batch.logprobs))
+        return batch
+
+    monkeypatch.setattr(HFGenerateRollout, "generate", recording)
+    cfg = compose_cfg(*BASE, "train.total_steps=1", f"loss.is_correction.mode={mode}", "loss.is_correction.high=2.0",
+                      f"paths.results_dir={tmp_path}")
+    run = rl.setup(cfg, run_dir=str(tmp_path / "run"))
+    assert run.plan.rollout_logprobs == (mode != "none")
+    rl.train(run)
+    sampled = [c for c in calls if c[0]]
+    assert len(sampled) == 1 and len(calls) == 3  # evaluation before, the step, evaluation after
+    for is_step, asked, lps in calls:
+        assert asked == (is_step and mode != "none") and (lps is None) == (not asked)
