@@ -63,10 +63,10 @@ class Sizes:
 
 SIZES = {
     # Issue 36's H200 run: a step at 256 new tokens generates in 7.8 s, scores log-probs in 0.3-0.7 s and updates in
-    # 0.8 s (none) to 2.8 s (stage3); the greedy evaluations before and after (16 prompts to the cap) take about 8 s
-    # each, start-up, model load and the final save about 25 s. At 1024 tokens a step generates in 62 s and the
-    # evaluation before it takes about 31 s; the checkpoint (optimiser states, 6 GB) a few more. bench trl: 3.6 and
-    # 2.8 s per step, about 20 s of start-up and setup per side.
+    # 0.8 s (none) to 2.8 s (stage3); at 1024 tokens it generates in 62 s; bench trl: 3.6 and 2.8 s per step.
+    # Estimated from those: the greedy evaluations before and after (16 prompts to the cap, 30 ms per decode
+    # iteration) 8 s each at 256 tokens, 31 s at 1024; start-up, model load and the final save 25 s a run; the long
+    # run's checkpoint (fp32 optimiser states, 6 GB) a few seconds; bench trl's start-up and setup 20 s a side.
     "qwen2_5_0_5b": Sizes(steps=2, max_new=256, long_new=1024, long_steps=2, trl_steps=3, trl_max_new=128,
                           deadline_s=450,
                           budgets={"predictions": 25, "packed_vs_padded": 30, "zero_none": 60, "zero_stage1": 62,
