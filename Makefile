@@ -5,15 +5,17 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # CPU wheel of torch; a CUDA machine can override: `make TORCH_SPEC=torch demo`.
 TORCH_SPEC ?= torch==2.13.0
-# The interpreter of `make gpu-smoke`: the project venv, or one that already has CUDA torch and the
-# project's dependencies (`make gpu-smoke SMOKE_PY=python3`: docs/performance.md, "GPU smoke").
-SMOKE_PY ?= $(BIN)/python
+# The interpreter of `make gpu-smoke` and `make gpu-check`: the project venv where there is one, else $(PY), which
+# must have CUDA torch and the project's dependencies (the GPU machines: docs/performance.md, "GPU check").
+SMOKE_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+# Where `make gpu-check` writes gpu_check.json and gpu_check.md.
+GPU_CHECK_OUT ?= results/gpu_check
 PYTEST_ARGS ?=
 # Constraints file of `make test-constraints` (constraints/test.sh).
 C ?= constraints/gpu.txt
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test test-slow test-gpu test-all test-min test-constraints check-gpu-constraints bench gpu-smoke \
+.PHONY: help venv demo test test-slow test-gpu test-all test-min test-constraints check-gpu-constraints bench gpu-smoke gpu-check \
         probe plan compare fidelity clean
 
 help: ## List the targets
@@ -57,6 +59,9 @@ bench: $(STAMP) ## Run the benchmarks (see docs/performance.md)
 
 gpu-smoke: ## On a CUDA machine: a Qwen2.5-0.5B-shaped model through the RL loop (zero none/2/3), packed vs padded in bf16, throughput and MFU
 	$(SMOKE_PY) -m bench.gpu_smoke
+
+gpu-check: ## On one H100/H200, 8 min: every GPU check (smoke, ZeRO 0/2/3, long completions + SIGTERM, bench trl) measured vs predicted, in GPU_CHECK_OUT
+	$(SMOKE_PY) -m bench.gpu_check --out $(GPU_CHECK_OUT)
 
 # The recipes `make probe` probes (RECIPES=name ... for some): every named one, the tiny ones aside.
 RECIPES ?= $(filter-out tiny_%,$(basename $(notdir $(wildcard conf/recipe/*.yaml))))

@@ -45,12 +45,29 @@ MODEL = {"qwen2_5_0_5b": ["model=qwen2_5_0_5b_random"],
          "tiny": ["model=qwen2_5_0_5b_random", "model.tiny.vocab_size=128", "model.tiny.hidden_size=32",
                   "model.tiny.intermediate_size=64", "model.tiny.num_hidden_layers=2",
                   "model.tiny.num_attention_heads=4", "model.tiny.max_position_embeddings=1024",
-                  "model.dtype=float32"]}[SHAPES]
+                  # Qwen2Config's default RoPE: a nested model.tiny key reaches core/models/shapes.py as a DictConfig,
+                  # which recipes.probe and recipes.plan refuse until issue 36's fix, and gpu-check's CPU test
+                  # needs their predictions of these shapes (the real shapes keep it: their failure is recorded)
+                  "~model.tiny.rope_parameters", "model.dtype=float32"]}[SHAPES]
 PROMPTS, GROUP = 16, 8  # an RL step's prompts and completions per prompt: the update's rows are PROMPTS x GROUP
-RECIPE = ["logger.progress=false", "logger.tensorboard=false", "train.warm_start.steps=0", f"train.total_steps={STEPS}",
-          f"train.prompts_per_step={PROMPTS}", f"train.group_size={GROUP}", "train.mini_batch_size=128", "train.micro_batch_size=16",
-          "train.logprob_micro_batch_size=32", "train.eval_prompts=16", f"rollout.max_new_tokens={MAX_NEW}",
-          f"device={DEVICE}"]
+# The longest arithmetic prompt ("99+99=") is 6 tokens of the char tokenizer: the limit drops no row, and the probe
+# (recipes.probe) needs it to size the rows of the same config.
+MAX_PROMPT_TOKENS = 6
+
+
+def recipe_keys(steps: int, max_new: int) -> list[str]:
+    """The tiny recipe's keys of the smoke (and of make gpu-check, bench/gpu_check.py): ``steps`` RL steps of
+    PROMPTS x GROUP completions up to ``max_new`` tokens, micro-batch 16, log-prob micro-batch 32, on DEVICE."""
+    return ["logger.progress=false", "logger.tensorboard=false", "train.warm_start.steps=0",
+            f"train.total_steps={steps}", f"train.prompts_per_step={PROMPTS}", f"train.group_size={GROUP}",
+            "train.mini_batch_size=128", "train.micro_batch_size=16", "train.logprob_micro_batch_size=32",
+            "train.eval_prompts=16", f"rollout.max_new_tokens={max_new}",
+            f"data.max_prompt_tokens={MAX_PROMPT_TOKENS}", f"device={DEVICE}"]
+
+
+def recipe_overrides(zero: str, steps: int = STEPS, max_new: int = MAX_NEW) -> list[str]:
+    """The overrides of one smoke run (``python -m recipes.run``), its run dir aside."""
+    return [*MODEL, *recipe_keys(steps, max_new), f"zero={zero}"]
 
 
 def peak_tflops(name: str) -> float | None:
@@ -126,31 +143,87 @@ def packed_vs_padded() -> dict:
             "grad_rel": total.item(), "grad_worst_rel": worst, "dtype": str(next(model.parameters()).dtype)}
 
 
-def recipe_run(zero: str, out_dir: Path) -> dict:
-    """The tiny recipe with the real-shaped model under ``zero`` in a fresh process; throughput from its metrics."""
-    run_dir = out_dir / zero
-    cmd = [sys.executable, "-m", "recipes.run", *MODEL, *RECIPE, f"zero={zero}", f"hydra.run.dir={run_dir}",
-           f"paths.results_dir={out_dir / 'results'}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+def recipe_command(overrides: list[str], run_dir: Path) -> list[str]:
+    """``python -m recipes.run`` with ``overrides`` in ``run_dir`` (results rows beside it, not in results/)."""
+    return [sys.executable, "-m", "recipes.run", *overrides, f"hydra.run.dir={run_dir}",
+            f"paths.results_dir={run_dir.parent / 'results'}"]
+
+
+def recipe_run(overrides: list[str], run_dir: Path, timeout: float | None = None) -> dict:
+    """One run of ``overrides`` in a fresh process (``timeout`` seconds at most); its :func:`step_figures`."""
+    proc = subprocess.run(recipe_command(overrides, run_dir), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "HYDRA_FULL_ERROR": "1"})
     if proc.returncode:
-        raise RuntimeError(f"zero={zero} failed:\n{proc.stderr[-4000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "time/update" in r][1:] or [r for r in rows if "time/update" in r]  # skip warm-up
-    med = {k: statistics.median(r[k] for r in steps) for k in ("time/generate", "time/update", "tokens/generated",
-                                                                "tokens/total", "memory/peak_mb")}
-    return {"zero": zero, "steps": len(steps), "generate_tok_s": med["tokens/generated"] / med["time/generate"],
-            "update_tok_s": med["tokens/total"] / med["time/update"], "peak_mb": med["memory/peak_mb"],
-            "update_s": med["time/update"], "update_tokens": med["tokens/total"]}
+        raise RuntimeError(f"python -m recipes.run exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    return step_figures(run_dir)
 
 
-def main() -> None:
+# the planner's phases (core/planning/step_time.py) -> the RL loop's metrics (recipes/rl.py's timer phases)
+PHASE_METRICS = {"generate": "time/generate", "score": "time/verify", "logprobs": "time/logprobs",
+                 "update": "time/update"}
+
+
+def step_figures(run_dir: Path) -> dict:
+    """Medians over the run's steps after the first (the warm-up; all of them when there is one): seconds per phase,
+    tokens, tokens per second of generation and update, the step's peak memory (``memory/peak_mb``: CUDA's
+    ``max_memory_allocated``, a CPU's high-water RSS)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "time/update" in r]
+    if not steps:
+        raise RuntimeError(f"{run_dir / 'metrics.jsonl'}: no step was logged")
+    steps = steps[1:] or steps
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in steps)
+
+    phases = {p: med(k) for p, k in PHASE_METRICS.items()}
+    tokens = {"generated": med("tokens/generated"), "total": med("tokens/total")}
+    return {"steps": len(steps), "first_step": steps[0]["step"], "phase_seconds": phases,
+            "step_seconds": sum(phases.values()), "tokens": tokens, "peak_mb": med("memory/peak_mb"),
+            "generate_tok_s": tokens["generated"] / phases["generate"],
+            "update_tok_s": tokens["total"] / phases["update"]}
+
+
+def update_flops_utilisation(config, figures: dict, peak: float | None, recompute: bool) -> tuple[float, float]:
+    """``(MFU, HFU)`` of a run's update (:func:`step_figures`), against ``peak`` TFLOP/s (NaN without one)."""
+    if not peak:
+        return float("nan"), float("nan")
+    tokens, seconds = figures["tokens"]["total"], figures["phase_seconds"]["update"]
+    seq = tokens / (PROMPTS * GROUP)  # mean sequence length (prompt and completion)
+    mfu, hfu = (train_flops_per_token(config, seq, rc) * tokens / seconds / (peak * 1e12) for rc in (False, recompute))
+    return mfu, hfu
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "cpu"
+
+
+def require_device(what: str) -> None:
+    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"{what} needs a CUDA device (GPU_SMOKE_DEVICE=cpu GPU_SMOKE_SHAPES=tiny runs it on the CPU)")
+
+
+def packed_verdict(check: dict) -> str | None:
+    """Why the packed and padded forwards disagree beyond ``check``'s dtype's rounding, or None."""
+    # bf16 keeps 8 significant bits (relative rounding 2^-9); two kernels' summation orders drift by a few such
+    # steps per layer. Bounds, not calibrated on a GPU when written: docs/performance.md says what ran where.
+    tol = TOLERANCE[check["dtype"]]
+    if any(check[k] > v for k, v in tol.items()):
+        return f"packed and padded forwards disagree beyond {check['dtype']} rounding {tol}: {check}"
+    return None
+
+
+def main(argv: list[str]) -> None:
+    """The smoke (no arguments), or ``packed``: the packed-vs-padded check alone, as one JSON line (gpu_check)."""
     from core.models.loading import model_dir
     from transformers import AutoConfig
 
-    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("make gpu-smoke needs a CUDA device "
-                         "(GPU_SMOKE_DEVICE=cpu GPU_SMOKE_SHAPES=tiny runs it on the CPU)")
-    name = torch.cuda.get_device_name() if DEVICE.startswith("cuda") else "cpu"
+    require_device("make gpu-smoke")
+    if argv == ["packed"]:
+        check = packed_vs_padded()
+        print(json.dumps({**check, "tolerance": TOLERANCE[check["dtype"]], "failure": packed_verdict(check)}))
+        return
+    name = device_name()
     cfg = compose(MODEL)
     config = AutoConfig.from_pretrained(model_dir(cfg.model))
     n_params, recompute = matmul_params(config), bool(cfg.model.gradient_checkpointing)
@@ -166,19 +239,15 @@ def main() -> None:
           f"(worst parameter {check['grad_worst_rel']:.4f})", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_smoke_") as tmp:
         for zero in ZEROS:
-            r = recipe_run(zero, Path(tmp))
-            seq = r["update_tokens"] / (PROMPTS * GROUP)  # mean sequence length (prompt and completion)
-            mfu, hfu = (train_flops_per_token(config, seq, rc) * r["update_tokens"] / r["update_s"] / (peak * 1e12)
-                        if peak else float("nan") for rc in (False, recompute))
+            r = recipe_run(recipe_overrides(zero), Path(tmp) / zero)
+            mfu, hfu = update_flops_utilisation(config, r, peak, recompute)
             print(f"zero={zero}: generation {r['generate_tok_s']:.0f} tok/s, update {r['update_tok_s']:.0f} tok/s, "
                   f"update MFU {mfu:.3f} HFU {hfu:.3f} (peak {peak} TFLOP/s), peak memory {r['peak_mb']:.0f} MB "
                   f"(median of {r['steps']} steps)", flush=True)
-    # bf16 keeps 8 significant bits (relative rounding 2^-9); two kernels' summation orders drift by a few
-    # such steps per layer. Bounds, not calibrated on a GPU yet: docs/performance.md says what ran where.
-    tol = TOLERANCE[check["dtype"]]
-    if any(check[k] > v for k, v in tol.items()):
-        raise SystemExit(f"packed and padded forwards disagree beyond {check['dtype']} rounding {tol}: {check}")
+    failure = packed_verdict(check)
+    if failure:
+        raise SystemExit(failure)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -16,12 +16,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.gpu_smoke import PHASE_METRICS as MEASURED  # the planner's phase -> the loop's metric
+
 OVERRIDES = ["recipe=tiny_math_grpo", "hardware=cpu_epyc_2vcpu", "train.warm_start.enabled=false",
              "data.max_prompt_tokens=8", "rollout.max_new_tokens=32", "model.tiny.hidden_size=512",
              "model.tiny.intermediate_size=2048", "model.tiny.num_hidden_layers=4",
              "model.tiny.num_attention_heads=8", "model.tiny.num_key_value_heads=4", "cpu_threads=2"]
-# the planner's phase -> the loop's metric (recipes/rl.py timer phases)
-MEASURED = {"generate": "time/generate", "score": "time/verify", "logprobs": "time/logprobs", "update": "time/update"}
 EFFICIENCY = {"mfu": 1.0, "hbm": 1.0}  # the profile's figures are this machine's measured rates, not a datasheet's
 
 

@@ -48,39 +48,46 @@ TEMPLATES = {
 PROMPT = os.environ.get("BENCH_PROMPT", "plain")
 
 
+def shared_overrides(device: str = DEVICE, model: str = MODEL, max_new: int = MAX_NEW,
+                     steps: int = STEPS) -> list[str]:
+    """Our overrides for the shared setting (``make gpu-check`` predicts the same config: bench/gpu_check.py)."""
+    n = PROMPTS * GROUP
+    return ["recipe_name=bench", f"model={model}", f"device={device}", "train.warm_start.steps=0",
+            "logger.progress=false", "logger.tensorboard=false", f"train.prompts_per_step={PROMPTS}",
+            f"train.group_size={GROUP}", f"train.mini_batch_size={n}", f"train.micro_batch_size={n}",
+            f"train.logprob_micro_batch_size={n}", f"train.total_steps={steps}", f"rollout.max_new_tokens={max_new}",
+            f"kl.coef={BETA}", "kl.estimator=k3", "kl.placement=loss", "loss.aggregation=token_mean",
+            f"optim.optimizer.lr={LR}", f"seed={SEED}"]
+
+
 def shared_cfg():
     """Our config for the shared setting; the TRL side reads model, data and sizes from it."""
     from core.config.composition import compose
 
-    n = PROMPTS * GROUP
-    cfg = compose([
-        "recipe_name=bench", f"model={MODEL}", f"device={DEVICE}", "train.warm_start.steps=0",
-        "logger.progress=false", "logger.tensorboard=false", f"train.prompts_per_step={PROMPTS}",
-        f"train.group_size={GROUP}", f"train.mini_batch_size={n}", f"train.micro_batch_size={n}",
-        f"train.logprob_micro_batch_size={n}", f"train.total_steps={STEPS}", f"rollout.max_new_tokens={MAX_NEW}",
-        f"kl.coef={BETA}", "kl.estimator=k3", "kl.placement=loss", "loss.aggregation=token_mean",
-        f"optim.optimizer.lr={LR}", f"seed={SEED}"])
+    cfg = compose(shared_overrides())
     cfg.data.template = TEMPLATES[PROMPT]  # set here: the template's braces and newlines defeat override syntax
     return cfg
 
 
-def run_ours() -> list[float]:
-    """Per-step wall times of ``recipes.rl.rl_step`` (setup excluded)."""
+def run_ours() -> tuple[list[float], list[dict]]:
+    """Per-step wall times of ``recipes.rl.rl_step`` (setup excluded) and each step's seconds per phase."""
+    from bench.gpu_smoke import PHASE_METRICS
     from recipes import rl
 
     run = rl.setup(shared_cfg(), run_dir=tempfile.mkdtemp(prefix="bench_ours_"))
-    times = []
+    times, phases = [], []
     for _ in range(STEPS):
         t0 = time.perf_counter()
-        rl.rl_step(run)
+        metrics = rl.rl_step(run)
         _sync()
         times.append(time.perf_counter() - t0)
-    return times
+        phases.append({p: metrics[k] for p, k in PHASE_METRICS.items()})
+    return times, phases
 
 
-def run_trl() -> list[float]:
+def run_trl() -> tuple[list[float], list[dict]]:
     """Per-step wall times of ``GRPOTrainer.train`` (between consecutive ``on_step_end``: the data loader,
-    logging and saving hooks included)."""
+    logging and saving hooks included); no seconds per phase."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -125,7 +132,7 @@ def run_trl() -> list[float]:
     trainer = GRPOTrainer(model=model, reward_funcs=[math_reward], args=args, train_dataset=dataset,
                           processing_class=load_tokenizer(path), callbacks=[timer])
     trainer.train()
-    return timer.times
+    return timer.times, []
 
 
 SIDES = {"ours": run_ours, "trl": run_trl}
@@ -137,26 +144,38 @@ def _sync() -> None:
 
 
 def child(side: str) -> None:
-    """Run one side in this (fresh) process; its last line says its step times and peak memory."""
+    """Run one side in this (fresh) process; its last line says its step times (and ours its seconds per phase)
+    and peak memory."""
     import logging
 
     torch.set_num_threads(THREADS)
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    times = SIDES[side]()
+    times, phases = SIDES[side]()
     if DEVICE.startswith("cuda"):
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"side": side, "step_s": times, "peak_mb": peak}))
+    print(json.dumps({"side": side, "step_s": times, "phases": phases, "peak_mb": peak}))
 
 
-def _spawn(side: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
+def spawn(side: str, env: dict | None = None, timeout: float = 3600) -> dict:
+    """One side in a fresh process, with ``env`` over this one's (``BENCH_*`` set there apply to that side)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     out = subprocess.run([sys.executable, "-m", "bench.trl_grpo_bench", side], capture_output=True, text=True,
-                         env=env, timeout=3600)
+                         env=env, timeout=timeout)
     if out.returncode:
         raise RuntimeError(f"{side} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summarize(res: dict[str, list[dict]]) -> dict:
+    """Medians of the steps after each run's first, peak memory, the ratio ours/TRL and its per-repetition spread."""
+    med = {s: statistics.median(t for r in rs for t in r["step_s"][1:]) for s, rs in res.items()}
+    peak = {s: max(r["peak_mb"] for r in rs) for s, rs in res.items()}
+    paired = sorted(statistics.median(o["step_s"][1:]) / statistics.median(t["step_s"][1:])
+                    for o, t in zip(res["ours"], res["trl"]))
+    return {"ours_step_s": med["ours"], "trl_step_s": med["trl"], "ratio": med["ours"] / med["trl"],
+            "ours_peak_mb": peak["ours"], "trl_peak_mb": peak["trl"], "paired_ratios": paired}
 
 
 def main() -> dict:
@@ -167,18 +186,15 @@ def main() -> dict:
     res = {"ours": [], "trl": []}
     for rep in range(REPS):
         for side in (("ours", "trl") if rep % 2 == 0 else ("trl", "ours")):
-            r = _spawn(side)
+            r = spawn(side)
             res[side].append(r)
             print(f"  rep {rep} {side:>4}: median step {statistics.median(r['step_s'][1:]):.3f} s, "
                   f"peak memory {r['peak_mb']:.0f} MB", flush=True)
-    med = {s: statistics.median(t for r in rs for t in r["step_s"][1:]) for s, rs in res.items()}
-    peak = {s: max(r["peak_mb"] for r in rs) for s, rs in res.items()}
-    paired = sorted(statistics.median(o["step_s"][1:]) / statistics.median(t["step_s"][1:])
-                    for o, t in zip(res["ours"], res["trl"]))
-    summary = {"ours_step_s": med["ours"], "trl_step_s": med["trl"], "ratio": med["ours"] / med["trl"],
-               "ours_peak_mb": peak["ours"], "trl_peak_mb": peak["trl"], "paired_ratios": paired}
-    print(f"per-step wall time: ours {med['ours']:.3f} s, TRL {med['trl']:.3f} s, ratio ours/TRL "
-          f"{summary['ratio']:.2f}; peak memory: ours {peak['ours']:.0f} MB, TRL {peak['trl']:.0f} MB", flush=True)
+    summary = summarize(res)
+    paired = summary["paired_ratios"]
+    print(f"per-step wall time: ours {summary['ours_step_s']:.3f} s, TRL {summary['trl_step_s']:.3f} s, ratio ours/TRL "
+          f"{summary['ratio']:.2f}; peak memory: ours {summary['ours_peak_mb']:.0f} MB, TRL "
+          f"{summary['trl_peak_mb']:.0f} MB", flush=True)
     print(f"per repetition: ratio {paired[0]:.2f}-{paired[-1]:.2f}, median {statistics.median(paired):.2f}", flush=True)
     return summary
 

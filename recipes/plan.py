@@ -10,7 +10,7 @@ assumption is printed with its value and where it comes from.
 
 ``hardware=NAME`` picks a profile of conf/hardware/ (default: the recipe's source's GPUs). ``--json``: the plan as
 JSON (top level ``fits``, ``per_gpu_gib``, ``step_seconds``, ``run_hours``, ``memory``, ``knobs``, ``time``,
-``assumptions``). ``--plot PATH``: a PNG of the per-GPU memory breakdown and the step-time breakdown.
+``probe``: the probe's per-GPU peak and per-phase peaks in bytes, ``assumptions``). ``--plot PATH``: a PNG of the per-GPU memory breakdown and the step-time breakdown.
 Refused before any model is built, naming the key: an unknown recipe or hardware profile, a model whose config is
 not known here, a layout the hardware cannot hold.
 """
@@ -39,6 +39,9 @@ def plan(overrides: list[str], knobs: bool | None = None) -> dict:
            "model": cfg.model.name_or_path, "fits": mem["fits"], "verdict": mem["verdict"],
            "per_gpu_gib": mem["per_gpu_bytes"] / GiB, "step_seconds": t.step_seconds, "run_hours": t.run_hours,
            "memory": mem, "probe_seconds": report["probe_seconds"],
+           # the probe's own figures: what torch's allocator reports at each phase's peak (no overheads added)
+           "probe": {"per_gpu_bytes": report["per_gpu_bytes"],
+                     "phases": {n: p["peak_bytes"] for n, p in report["phases"].items()}},
            "time": {"phases": t.phases, "steps": t.steps, "step_seconds": t.step_seconds, "run_hours": t.run_hours},
            "assumptions": memory.assumptions(cfg) + [list(a) for a in t.assumptions]}
     if knobs or (knobs is None and mem["verdict"] != "fits"):

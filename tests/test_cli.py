@@ -338,7 +338,7 @@ def test_cfg_job_of_a_bad_config_prints_its_problems_and_no_config(module, args,
 
 
 @pytest.mark.parametrize("module", ["recipes.run", "recipes.eval", "recipes.compare", "recipes.explain",
-                                    "recipes.probe", "recipes.plan", "core.launch", "bench",
+                                    "recipes.probe", "recipes.plan", "core.launch", "bench", "bench.gpu_check",
                                     "core.data.codeforces_tiny"])
 def test_every_entry_point_prints_help(module, tmp_path):
     """``python -m MODULE --help`` prints a usage and exits 0, with no traceback, and takes the flag for no name or
