@@ -22,7 +22,8 @@ OVERRIDES = ["recipe=tiny_math_grpo", "hardware=cpu_epyc_2vcpu", "train.warm_sta
              "model.tiny.num_attention_heads=8", "model.tiny.num_key_value_heads=4", "cpu_threads=2"]
 # the planner's phase -> the loop's metric (recipes/rl.py timer phases)
 MEASURED = {"generate": "time/generate", "score": "time/verify", "logprobs": "time/logprobs", "update": "time/update"}
-EFFICIENCY = {"mfu": 1.0, "hbm": 1.0}  # the profile's figures are this machine's measured rates, not a datasheet's
+# the profile's figures are this machine's measured rates, not a datasheet's
+EFFICIENCY = {"mfu": 1.0, "hbm": 1.0, "hf_kv": 1.0}
 
 
 def measured(run_dir: Path) -> dict[str, float]:
