@@ -42,7 +42,8 @@ EFFICIENCY: dict[str, tuple[float, str]] = {
     "mfu": (0.40, "model-FLOP utilisation of bf16 training and prefill; PaLM (Chowdhery et al. 2022, Table 3) "
                   "reports 46% for PaLM and 30% for Megatron-Turing NLG; DeepSpeed ZeRO-3 runs near the lower end"),
     "hbm": (0.60, "fraction of the datasheet memory bandwidth a decode step reaches (paged-attention kernels and "
-                  "weight reads; an engineering figure, not measured here)"),
+                  "weight reads) and a training pass's ops other than matrix products (an engineering figure, not "
+                  "measured here)"),
     "link": (0.70, "fraction of a link's datasheet bandwidth NCCL's ring collectives reach (nccl-tests bus bandwidth "
                    "over the link's peak; an engineering figure, not measured here)"),
     "host": (0.50, "fraction of the PCIe datasheet bandwidth ZeRO-Offload's pinned copies reach (an engineering "
