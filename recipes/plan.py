@@ -38,6 +38,7 @@ def plan(overrides: list[str], knobs: bool | None = None) -> dict:
     out = {"recipe": cfg.recipe_name, "hardware": {**report["hardware"], "profile": checks.hardware_choice(cfg)},
            "model": cfg.model.name_or_path, "fits": mem["fits"], "verdict": mem["verdict"],
            "per_gpu_gib": mem["per_gpu_bytes"] / GiB, "step_seconds": t.step_seconds, "run_hours": t.run_hours,
+           "probe_peak_bytes": report["per_gpu_bytes"],
            "memory": mem, "probe_seconds": report["probe_seconds"],
            # the probe's own figures: what torch's allocator reports at each phase's peak (no overheads added)
            "probe": {"per_gpu_bytes": report["per_gpu_bytes"],

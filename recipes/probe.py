@@ -24,6 +24,7 @@ the probe and ``recipes.plan``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import sys
 import time
@@ -31,13 +32,13 @@ from dataclasses import dataclass
 from unittest import mock
 
 import torch
+from omegaconf import OmegaConf
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from core.errors import InputError, tool_main
 from core.planning.states import GiB, at_vllm_start, prompt_tokens, resident, state_parts
+from core.planning.traffic import Traffic
 from core.registry import Registry
-# The probe's own settings over the recipe's: sdpa attention (flash-attn runs on CUDA only; same O(T) memory).
-PROBE_OVERRIDES = ["model.attn_implementation=sdpa"]
 
 
 @dataclass
@@ -47,6 +48,9 @@ class Phase:
     flops: int
     rows: int  # rows of the micro-step (RM: sequences, chosen and rejected)
     tokens: int  # tokens per row
+    bytes: int = 0  # read and written by the ops that are not matrix products or attention (core/planning/traffic.py)
+    ops: int = 0  # ops dispatched, each a kernel launch in eager mode
+    module_passes: int = 0  # forwards and backwards of parameter-owning modules: ZeRO-3's gathers
 
 
 # loop -> fn(cfg, plan) -> (list[Phase], models): the phases of one micro-step of that loop
@@ -69,40 +73,66 @@ def probe_prepared(prepared, fake: bool = True) -> dict:
     start = time.perf_counter()
     # a ShapeEnv lets the loops' .item() metrics return symbols instead of failing on data-less tensors
     tensors = FakeTensorMode(shape_env=ShapeEnv()) if fake else contextlib.nullcontext()
-    with tensors, configs_only(cfg), flash_like_attention(), torch.random.fork_rng():
-        phases, models = PHASES.get(cfg.loop)(cfg, prepared.plan)
+    built = sdpa_config(cfg)
+    with tensors, configs_only(built), flash_like_attention(), torch.random.fork_rng():
+        phases, models = PHASES.get(cfg.loop)(built, prepared.plan)
     at_start = at_vllm_start(cfg, prepared.plan, models, gpus)
     res = resident(cfg, models, gpus, at_start)
     training = sum(v for k, v in res.items() if k != "vllm_awake")
     per_phase = {p.name: {"peak_bytes": training + p.activations, "activation_bytes": p.activations,
-                          "flops": p.flops, "rows": p.rows, "tokens_per_row": p.tokens} for p in phases}
+                          "flops": p.flops, "traffic_bytes": p.bytes, "ops": p.ops,
+                          "module_passes": p.module_passes, "rows": p.rows,
+                          "tokens_per_row": p.tokens} for p in phases}
     if res["vllm_awake"]:  # generation: the trainer's states stay, vLLM takes its reservation
         per_phase["generate"] = {"peak_bytes": training - res["vllm_training"] + res["vllm_awake"],
                                  "activation_bytes": 0, "flops": 0, "rows": 0, "tokens_per_row": 0}
-    per_gpu = max(p["peak_bytes"] for p in per_phase.values())
-    return {"recipe": cfg.recipe_name, "hardware": {"name": hw.name, "memory_gib": float(hw.memory_gib),
-                                                    "gpus": gpus, "nodes": int(hw.nodes)},
-            "model": cfg.model.name_or_path, "phases": per_phase, "resident_bytes": res,
-            "trainer_bytes_at_vllm_start": at_start,
-            # the trained models' states split (weights, gradients, optimiser, frozen): they sum to model_states
-            # and critic_states (core/planning/states.py)
-            "state_parts": {role: state_parts(m, cfg.zero, gpus) for role, m in models.items()
-                            if m is not None and role != "reference"},
-            "per_gpu_bytes": per_gpu, "fits": per_gpu <= float(hw.memory_gib) * GiB,
-            "probe_seconds": round(time.perf_counter() - start, 1)}
+    report = {"recipe": cfg.recipe_name, "hardware": {"name": hw.name, "memory_gib": float(hw.memory_gib),
+                                                      "gpus": gpus, "nodes": int(hw.nodes)},
+              "model": cfg.model.name_or_path, "phases": per_phase, "resident_bytes": res,
+              "trainer_bytes_at_vllm_start": at_start,
+              # the trained models' states split (weights, gradients, optimiser, frozen): they sum to model_states
+              # and critic_states (core/planning/states.py)
+              "state_parts": {role: state_parts(m, cfg.zero, gpus) for role, m in models.items()
+                              if m is not None and role != "reference"},
+              # the allocated peak: what torch.cuda.max_memory_allocated reports
+              "per_gpu_bytes": max(p["peak_bytes"] for p in per_phase.values())}
+    return {**report, **verdict(cfg, prepared.plan, report), "probe_seconds": round(time.perf_counter() - start, 1)}
+
+
+def verdict(cfg, plan, report: dict) -> dict:
+    """Each phase's overhead beyond the allocated peak (core/planning/memory.py ``overhead``: CUDA context, NCCL,
+    DeepSpeed's buckets, fragmentation; what ``recipes.plan`` adds too), the largest total per GPU and whether it
+    fits the card."""
+    from core.planning.memory import overhead, trainer_bytes
+
+    gpus = report["hardware"]["gpus"]
+    for name, phase in report["phases"].items():
+        phase["overhead_bytes"] = sum(b for _, b, _ in overhead(cfg, plan, gpus, name, trainer_bytes(report, name)))
+    total = max(p["peak_bytes"] + p["overhead_bytes"] for p in report["phases"].values())
+    return {"per_gpu_total_bytes": total, "fits": total <= float(cfg.hardware.memory_gib) * GiB}
+
+
+def sdpa_config(cfg):
+    """The config the probe builds and runs the models from: the run's, with sdpa attention (flash-attn runs on CUDA
+    only; sdpa's flash kernel keeps the same O(T) memory, :func:`flash_like_attention`). The run's own attention stays
+    in the prepared config, which the time side reads (core/planning/phases.py: HF generate's decode)."""
+    built = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(built, False)
+    built.model.attn_implementation = "sdpa"
+    OmegaConf.set_readonly(built, True)
+    return built
 
 
 def prepared_config(overrides: list[str]):
-    """The recipe's config with :data:`PROBE_OVERRIDES`, prepared as a run prepares it (core/config/pipeline.py
-    ``prepare``, checked in a world of its learners); an unknown recipe or hardware profile names the available
-    ones."""
+    """The recipe's config prepared as a run prepares it (core/config/pipeline.py ``prepare``, checked in a world of
+    its learners); an unknown recipe or hardware profile names the available ones."""
     from hydra.errors import MissingConfigException
 
     from core.config.pipeline import prepare
     from core.paths import CONF_DIR
 
     try:
-        return prepare(PROBE_OVERRIDES + overrides, launched=True, packages=False)
+        return prepare(overrides, launched=True, packages=False)
     except MissingConfigException as e:
         group = next((g for g in ("recipe", "hardware") if f"'{g}/" in str(e) or f"{g}=" in str(e)), None)
         if group is None:
@@ -185,14 +215,16 @@ def model_path(model_cfg) -> str:
 
 
 # ----------------------------------------------------------------------------- measuring a phase
-def measure(fn, models) -> tuple[int, int]:
-    """``(peak bytes beyond the weights, FLOPs)`` of ``fn()`` running ``models``: activations, temporaries, logits,
-    and each weight gradient only while it is produced (:func:`grads_dropped`)."""
+def measure(fn, models) -> tuple[int, int, Traffic]:
+    """``(peak bytes beyond the weights, FLOPs, traffic)`` of ``fn()`` running ``models``: activations, temporaries,
+    logits, and each weight gradient only while it is produced (:func:`grads_dropped`); the traffic counts the ops and
+    the bytes of those that are not matrix products or attention (core/planning/traffic.py)."""
     tracker, flops = ActivationPeak(), total_flop_counter()
+    traffic = Traffic(flops.flop_registry)
     tracker.track_external(*[m for m in models if m is not None])
-    with grads_dropped(models), flops, tracker:  # the tracker entered last: the counter adds nothing to its peak
+    with grads_dropped(models), flops, traffic, tracker:  # the tracker entered last: the others add nothing to its peak
         fn()
-    return tracker.peak, flops.get_total_flops()
+    return tracker.peak, flops.get_total_flops(), traffic
 
 
 def total_flop_counter():
@@ -258,15 +290,16 @@ def rl_phases(cfg, plan):
     P, R = prompt_tokens(cfg), int(cfg.rollout.max_new_tokens)
     lp_rows, micro = plan.logprob_micro_batch_size, plan.micro_batch_size
     models = [run.engine.module, run.ref and run.ref.module, run.critic and run.critic.module]
-    act, flops = measure(lambda: rl_update.rollout_forwards(run, _rollout(lp_rows, P, R)), models)
-    phases = [Phase("logprobs", act, flops, lp_rows, P + R)]
+    act, flops, t = measure(lambda: rl_update.rollout_forwards(run, _rollout(lp_rows, P, R)), models)
+    phases = [Phase("logprobs", act, flops, lp_rows, P + R, t.bytes, t.ops, t.module_passes)]
     roll = _rollout(micro, P, R)
     fw = _forwards(roll, run)
     mask = roll.response_mask.float()  # [n, R]
     adv = ret = torch.zeros_like(mask)  # [n, R]
     agg = _agg(cfg, run, mask)
-    act, flops = measure(lambda: rl_update.micro_step(run, roll, torch.arange(micro), mask, adv, ret, fw, agg), models)
-    phases.append(Phase("update", act, flops, micro, P + R))
+    act, flops, t = measure(lambda: rl_update.micro_step(run, roll, torch.arange(micro), mask, adv, ret, fw, agg),
+                            models)
+    phases.append(Phase("update", act, flops, micro, P + R, t.bytes, t.ops, t.module_passes))
     return phases, {"policy": run.engine.module, "reference": run.ref and run.ref.module,
                     "critic": run.critic and run.critic.module}
 
@@ -343,8 +376,9 @@ def rm_phases(cfg, plan):
         r = engine.forward(RM.sequence_rewards, batch)  # [2 x micro]
         engine.backward(RM.bt_loss(r, batch["margin"], t.loss)[0])
 
-    act, flops = measure(step, [engine.module])
-    return [Phase("rm_update", act, flops, 2 * micro, L)], {"policy": engine.module, "reference": None, "critic": None}
+    act, flops, t = measure(step, [engine.module])
+    phase = Phase("rm_update", act, flops, 2 * micro, L, t.bytes, t.ops, t.module_passes)
+    return [phase], {"policy": engine.module, "reference": None, "critic": None}
 
 
 # ----------------------------------------------------------------------------- output
@@ -354,10 +388,12 @@ def table(report: dict) -> list[str]:
     out = [f"recipe {report['recipe']}: {report['model']} on {hw['gpus']} x {hw['name']} ({hw['memory_gib']:.1f} GiB "
            f"each), probed in {report['probe_seconds']} s",
            "resident per GPU: " + ", ".join(f"{k} {_gib(v)}" for k, v in res.items() if v and k != "vllm_awake")]
-    out.append(f"{'phase':<10} {'rows x tokens':>14} {'activations':>12} {'peak/GPU':>9} {'TFLOPs':>9}")
+    out.append(f"{'phase':<10} {'rows x tokens':>14} {'activations':>12} {'peak/GPU':>9} {'+overhead':>10} "
+               f"{'TFLOPs':>9}")
     for name, p in report["phases"].items():
         out.append(f"{name:<10} {p['rows']:>6} x {p['tokens_per_row']:<6} {_gib(p['activation_bytes']):>12} "
-                   f"{_gib(p['peak_bytes']):>9} {p['flops'] / 1e12:>9.1f}")
+                   f"{_gib(p['peak_bytes']):>9} {_gib(p['peak_bytes'] + p['overhead_bytes']):>10} "
+                   f"{p['flops'] / 1e12:>9.1f}")
     worst = max(report["phases"].items(), key=lambda kv: kv[1]["peak_bytes"])
     generating = worst[0] == "generate"
     parts = {"model_states": res["model_states"] + res["critic_states"], "reference": res["reference"],
@@ -365,8 +401,9 @@ def table(report: dict) -> list[str]:
              "activations": 0 if generating else worst[1]["activation_bytes"]}
     top = max(parts, key=parts.get)
     verdict = "fits" if report["fits"] else "does NOT fit"
-    out.append(f"per GPU {_gib(report['per_gpu_bytes'])} GiB at {worst[0]} (largest part: {top} "
-               f"{_gib(parts[top])} GiB): {verdict} in {hw['memory_gib']:.1f} GiB")
+    out.append(f"per GPU {_gib(report['per_gpu_bytes'])} GiB allocated at {worst[0]} (largest part: {top} "
+               f"{_gib(parts[top])} GiB), {_gib(report['per_gpu_total_bytes'])} GiB with the CUDA context, NCCL, "
+               f"DeepSpeed's buckets and fragmentation: {verdict} in {hw['memory_gib']:.1f} GiB")
     return out
 
 

@@ -59,10 +59,9 @@ def _update_flops(c, rows: int, T: int, scored: int, head: int, recompute: bool)
 
 def _tiny_config(overrides):
     from core.config.composition import compose
-    from core.models.loading import _tiny_config as build, build_char_tokenizer
+    from core.models.loading import tiny_config
 
-    m = compose(overrides).model
-    return build(m.arch, dict(m.tiny), build_char_tokenizer(m.arch))
+    return tiny_config(compose(overrides).model)
 
 
 def test_rm_update_flops_are_8_x_params_x_tokens_plus_attention():

@@ -75,13 +75,31 @@ def build_char_tokenizer(arch: str):
     return fast
 
 
-def _tiny_config(arch: str, tiny: dict, tokenizer):
+def tiny_fields(tiny) -> dict:
+    """``model.tiny`` as plain Python containers all the way down. ``dict(node)`` of a DictConfig keeps its nested
+    values DictConfig, and transformers 5's config classes (strict dataclasses, huggingface_hub's validators) refuse a
+    DictConfig where a field wants a dict (``rope_parameters``)."""
+    if OmegaConf.is_config(tiny):
+        return OmegaConf.to_container(tiny, resolve=True)
+    if isinstance(tiny, dict):
+        return {k: tiny_fields(v) for k, v in tiny.items()}
+    if isinstance(tiny, (list, tuple)):
+        return [tiny_fields(v) for v in tiny]
+    return tiny
+
+
+def tiny_config(model_cfg):
+    """The ``transformers`` config of the tiny model ``model_cfg`` (``arch``, ``tiny``) builds, without building it."""
+    return _tiny_config(model_cfg.arch, model_cfg.tiny, build_char_tokenizer(model_cfg.arch))
+
+
+def _tiny_config(arch: str, tiny, tokenizer):
     import transformers
 
     cls = getattr(transformers, _CONFIG_CLASSES[arch])
     # the tokenizer's size rounded up to a multiple of 8, as real vocabularies are padded, unless the
     # config gives a real model's (a real-shaped model with random weights: make gpu-smoke)
-    fields = {"vocab_size": (len(tokenizer) + 7) // 8 * 8, **tiny}
+    fields = {"vocab_size": (len(tokenizer) + 7) // 8 * 8, **tiny_fields(tiny)}
     return cls(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                bos_token_id=tokenizer.bos_token_id, **fields)
 
@@ -145,14 +163,14 @@ def build_tiny_model_dir(arch: str, tiny: dict, seed: int) -> Path:
 
     def build(out: Path) -> None:
         tok = build_char_tokenizer(arch)
-        cfg = _tiny_config(arch, dict(tiny), tok)
+        cfg = _tiny_config(arch, tiny, tok)
         with fork_rng(torch.device("cpu")):  # built on the CPU
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         save_from_any_rank(model, out)
         tok.save_pretrained(out)
 
-    return cached_build("models", {"arch": arch, "tiny": dict(tiny), "seed": seed, "v": 1}, build)
+    return cached_build("models", {"arch": arch, "tiny": tiny_fields(tiny), "seed": seed, "v": 1}, build)
 
 
 def model_dir(model_cfg) -> str:
@@ -161,8 +179,7 @@ def model_dir(model_cfg) -> str:
         return str(model_cfg.name_or_path)
     if not model_cfg.tiny:
         raise ValueError("model.name_or_path is empty and model.tiny is not set: nothing to load")
-    tiny = json.loads(json.dumps(model_cfg.tiny, default=lambda node: OmegaConf.to_container(node, resolve=True)))
-    return str(build_tiny_model_dir(model_cfg.arch, tiny, model_cfg.init_seed))
+    return str(build_tiny_model_dir(model_cfg.arch, tiny_fields(model_cfg.tiny), model_cfg.init_seed))
 
 
 def model_source_problem(key: str, name_or_path: str | None, tokenizer: bool = False) -> str | None:

@@ -85,9 +85,9 @@ def model_skeleton(model_cfg, path: str | None = None):
     if model_cfg.name_or_path or path:
         config = AutoConfig.from_pretrained(path or model_cfg.name_or_path)
     else:
-        from core.models.loading import _tiny_config, build_char_tokenizer
+        from core.models.loading import tiny_config
 
-        config = _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))
+        config = tiny_config(model_cfg)
     config.num_labels = 1
     with torch.device("meta"):
         return AutoModelForSequenceClassification.from_config(config)

@@ -40,6 +40,6 @@ def shape_config(model_cfg, path: str | None = None, key: str = "model.name_or_p
     path = model_cfg.name_or_path if path is None else path
     if path:
         return local_config(str(path), key)
-    from core.models.loading import _tiny_config, build_char_tokenizer
+    from core.models.loading import tiny_config
 
-    return _tiny_config(model_cfg.arch, dict(model_cfg.tiny), build_char_tokenizer(model_cfg.arch))
+    return tiny_config(model_cfg)

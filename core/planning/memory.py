@@ -35,31 +35,76 @@ ORDER = ("weights", "gradients", "optimizer", "lora", "critic", "reference", "ac
          "nccl", "zero_buckets", "fragmentation")
 
 
-def overhead(cfg, plan, gpus: int) -> list[tuple[str, int, str]]:
-    """``(name, bytes per GPU, why)`` of what the probe does not count and every phase carries, for a model trained
-    over ``gpus`` GPUs: the CUDA context, NCCL's buffers, DeepSpeed's communication buckets (allocated whole).
-    Fragmentation depends on the phase (:func:`phase_parts`)."""
+# Phases that run a backward, whose gradient reduction converts DeepSpeed's bucket to the communication dtype.
+REDUCING = ("update", "rm_update")
+
+
+def overhead(cfg, plan, gpus: int, phase: str | None = None, trainer_bytes: int = 0) -> list[tuple[str, int, str]]:
+    """``(name, bytes per GPU, why)`` of what the probe's allocated peak leaves out at ``phase`` (None: between
+    phases, as when a colocated vLLM starts), for a model trained over ``gpus`` GPUs: the CUDA context, NCCL's
+    buffers, DeepSpeed's communication buckets (allocated whole; in a phase with a backward, :data:`REDUCING`, with
+    the reduction's copy in a wider communication dtype) and the caching allocator's fragmentation,
+    :data:`FRAGMENTATION` of ``trainer_bytes`` (the trainer's allocated peak at the phase: 0 while vLLM generates,
+    the loops empty torch's cache before waking it, core/rollout/vllm.py as TRL). One source for ``recipes.probe``'s
+    verdict and ``recipes.plan``'s parts."""
     comms = int(gpus > 1) + int(plan.layout.tp > 1 and cfg.get("rollout", {}).get("engine") == "vllm")
     out = [("cuda_context", int(CUDA_CONTEXT), "one CUDA context per GPU process (torch + CUDA 12, lazy loading): "
                                                "0.5-1 GiB in nvidia-smi, the midpoint"),
            ("nccl", comms * NCCL_PER_COMMUNICATOR,
             f"{comms} communicator(s) (learners' data parallel; vLLM's tensor parallel when colocated) x "
-            f"NCCL_BUFFSIZE 4 MiB x 2 directions x 32 channels")]
-    buckets = zero_bucket_elements(cfg.zero)
-    out.append(("zero_buckets", 2 * buckets,
-                f"DeepSpeed ZeRO-{cfg.zero.stage} buckets of {buckets:,} bf16 elements, allocated whole "
-                f"(zero.options or DeepSpeed's defaults)" if buckets else "no DeepSpeed buckets at this stage"))
+            f"NCCL_BUFFSIZE 4 MiB x 2 directions x 32 channels"),
+           ("zero_buckets", *zero_buckets(cfg, phase in REDUCING)),
+           ("fragmentation", int(FRAGMENTATION * trainer_bytes),
+            f"{FRAGMENTATION:.0%} of the trainer's allocated peak (caching allocator; assumed)")]
     return out
 
 
-def zero_bucket_elements(zero) -> int:
-    """Elements of the buckets DeepSpeed allocates at ``zero.stage``: the contiguous gradient (reduce) bucket at
-    ZeRO-1/2, the reduce and prefetch buckets at ZeRO-3 (zero.options, else DeepSpeed's defaults); none at 0 (the
-    plain engine's DDP buckets are 25 MB)."""
-    stage, options = int(zero.stage), OmegaConf.to_container(zero.options) if zero.options else {}
-    keys = {0: (), 1: ("reduce_bucket_size",), 2: ("reduce_bucket_size",),
-            3: ("reduce_bucket_size", "stage3_prefetch_bucket_size")}[stage]
-    return sum(int(options.get(k, ZERO_BUCKET_DEFAULTS[k])) for k in keys)
+DS_DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}  # DeepSpeed's dtype names (runtime/config.py DtypeEnum)
+
+
+def model_dtype_bytes(cfg) -> int:
+    from core.rollout.vllm_memory import DTYPE_BYTES
+
+    return DTYPE_BYTES[str(cfg.model.dtype)]
+
+
+def comm_dtype_bytes(cfg) -> int:
+    """Bytes of an element DeepSpeed reduces gradients in: ``zero.communication_data_type``, else the model's dtype
+    (deepspeed/runtime/engine.py ``communication_data_type``). One source for the buckets here and the gradient
+    traffic of core/planning/phases.py."""
+    name = cfg.zero.get("communication_data_type")
+    return DS_DTYPE_BYTES[str(name)] if name else model_dtype_bytes(cfg)
+
+
+def zero_buckets(cfg, reducing: bool = True) -> tuple[int, str]:
+    """``(bytes, why)`` of the buckets DeepSpeed allocates at ``zero.stage`` (zero.options, else DeepSpeed's defaults;
+    none at stage 0, whose DDP buckets are 25 MB). ZeRO-1/2: the contiguous gradient bucket of ``reduce_bucket_size``
+    elements in the model's dtype, two with ``overlap_comm`` (DeepSpeed 0.19.8 stage_1_and_2.py ``setup_buckets``);
+    ZeRO-3: the reduce bucket and the prefetch bucket. With a wider ``communication_data_type`` (fp32 under bf16)
+    the reduction (``reducing``: a phase with a backward) converts a bucket to it first (stage_1_and_2.py
+    ``gradient_reduction_w_predivide``: ``tensor.to(communication_data_type)``; DeepSpeed 0.16.4's stage3.py the same
+    before its reduce-scatter), a copy of ``reduce_bucket_size`` elements in that dtype beside the bucket. (0.19.8's
+    ZeRO-3 allocates its reduce bucket in the communication dtype instead, the smaller of the two: this is the peak
+    of the floor's layout.)"""
+    stage = int(cfg.zero.stage)
+    if stage == 0:
+        return 0, "no DeepSpeed buckets at this stage"
+    options = OmegaConf.to_container(cfg.zero.options) if cfg.zero.options else {}
+    reduce = int(options.get("reduce_bucket_size", ZERO_BUCKET_DEFAULTS["reduce_bucket_size"]))
+    model_b, comm_b = model_dtype_bytes(cfg), comm_dtype_bytes(cfg)
+    if stage == 3:
+        staged = reduce + int(options.get("stage3_prefetch_bucket_size",
+                                          ZERO_BUCKET_DEFAULTS["stage3_prefetch_bucket_size"]))
+        what = f"reduce bucket of {reduce:,} and prefetch bucket of {staged - reduce:,} elements"
+    else:
+        buffers = 1 + bool(options.get("overlap_comm", False))
+        staged = buffers * reduce
+        what = f"{buffers} gradient bucket(s) of {reduce:,} elements"
+    converted = reduce * comm_b if comm_b != model_b and reducing else 0
+    why = (f"DeepSpeed ZeRO-{stage}: {what} in the model's {model_b}-byte dtype, allocated whole (zero.options or "
+           f"DeepSpeed's defaults)" + (f", and the reduction's copy of a bucket in the {comm_b}-byte "
+                                       f"communication_data_type" if converted else ""))
+    return staged * model_b + converted, why
 
 
 def lora_on(cfg) -> bool:
@@ -86,14 +131,21 @@ def phase_parts(cfg, plan, report: dict, name: str) -> dict[str, int]:
     before waking it, core/rollout/vllm.py as TRL)."""
     phase, res = report["phases"][name], report["resident_bytes"]
     parts = resident_parts(cfg, report)
-    generating = name == "generate"
     parts["activations"] = phase["activation_bytes"]
-    parts["vllm"] = res["vllm_awake"] if generating else res["vllm_training"]
+    parts["vllm"] = res["vllm_awake"] if name == "generate" else res["vllm_training"]
     assert sum(parts.values()) == phase["peak_bytes"], (name, parts, phase)
-    trainer = phase["peak_bytes"] - parts["vllm"]
-    parts.update({k: v for k, v, _ in overhead(cfg, plan, report["hardware"]["gpus"])})
-    parts["fragmentation"] = 0 if generating else int(FRAGMENTATION * trainer)
+    parts.update({k: v for k, v, _ in overhead(cfg, plan, report["hardware"]["gpus"], name,
+                                                trainer_bytes(report, name))})
     return {k: parts[k] for k in ORDER}
+
+
+def trainer_bytes(report: dict, name: str) -> int:
+    """The trainer's allocated peak at phase ``name`` (what fragments): the probe's peak less vLLM's part; none while
+    vLLM generates (the loops empty torch's cache before waking it)."""
+    if name == "generate":
+        return 0
+    res = report["resident_bytes"]
+    return report["phases"][name]["peak_bytes"] - res["vllm_training"]
 
 
 def breakdown(cfg, plan, report: dict) -> dict:
@@ -105,7 +157,7 @@ def breakdown(cfg, plan, report: dict) -> dict:
     totals = {n: sum(p.values()) for n, p in phases.items()}
     peak = max(totals, key=totals.get)
     kv = kv_cache(cfg, plan, report.get("trainer_bytes_at_vllm_start", 0))
-    extra = overhead(cfg, plan, report["hardware"]["gpus"])
+    extra = overhead(cfg, plan, report["hardware"]["gpus"], peak, trainer_bytes(report, peak))
     per_gpu = totals[peak]
     verdict = "does not fit" if per_gpu > card else "tight" if per_gpu > (1 - MARGIN) * card else "fits"
     if kv is not None and kv["kv_bytes"] <= 0:
@@ -113,9 +165,7 @@ def breakdown(cfg, plan, report: dict) -> dict:
     return {"memory_bytes": card, "gpus": report["hardware"]["gpus"], "phases": phases, "totals": totals,
             "peak_phase": peak, "per_gpu_bytes": per_gpu, "verdict": verdict, "fits": verdict != "does not fit",
             "short_bytes": max(0, per_gpu - card), "headroom_bytes": max(0, card - per_gpu),
-            "overhead": [{"name": n, "bytes": b, "why": w} for n, b, w in extra]
-            + [{"name": "fragmentation", "bytes": phases[peak]["fragmentation"],
-                "why": f"{FRAGMENTATION:.0%} of the trainer's allocated peak (caching allocator; assumed)"}],
+            "overhead": [{"name": n, "bytes": b, "why": w} for n, b, w in extra],
             "kv_cache": kv}
 
 

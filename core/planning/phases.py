@@ -5,8 +5,9 @@ from __future__ import annotations
 from core.models.shapes import shape_config
 from core.planning.model_figures import figures
 from core.planning import memory
-from core.planning.step_time import (CPU_ADAM_PARAMS_PER_S, HF_DECODE_LAYER_SECONDS, VERIFY_SECONDS, Context,
-                                     ceil_div, flop_scale, ring)
+from core.planning.step_time import (CPU_ADAM_PARAMS_PER_S, HF_DECODE_LAYER_SECONDS, HOST_SECONDS_PER_OP,
+                                     VERIFY_CALL_SECONDS, VERIFY_SECONDS, ZERO3_MODULE_SECONDS, Context, ceil_div,
+                                     flop_scale, ring)
 from core.registry import Registry
 
 # loop -> fn(Context) -> (dict phase -> seconds, set of overlapped phases)
@@ -21,11 +22,9 @@ def rl_times(ctx: Context):
     lp, up = ctx.report["phases"]["logprobs"], ctx.report["phases"]["update"]
     lp_micro = ceil_div(plan.samples_per_rank, plan.logprob_micro_batch_size)
     up_micro = plan.samples_per_rank // plan.micro_batch_size * plan.ppo_epochs
-    phases = {"generate": generate_seconds(ctx, P, R, R_cap),
-              "score": plan.samples_per_rank * VERIFY_SECONDS[0],
-              "logprobs": lp_micro * _pass_flops(ctx, lp, P + R) / ctx.hw.flops,
-              "update": up_micro * _pass_flops(ctx, up, P + R) / ctx.hw.flops}
-    ctx.assume("verify_seconds", VERIFY_SECONDS[0], VERIFY_SECONDS[1])
+    phases = {"generate": generate_seconds(ctx, P, R, R_cap), "score": plan.samples_per_rank * verify_seconds(ctx),
+              "logprobs": lp_micro * pass_seconds(ctx, lp, P + R), "update": up_micro * pass_seconds(ctx, up, P + R)}
+    _host_assumptions(ctx)
     comm, host = zero_traffic(ctx, micro_steps=up_micro, forward_passes=lp_micro * _frozen_forwards(ctx),
                               optimizer_steps=plan.optimizer_steps_per_step, gpus=ranks)
     phases["zero_comm"], phases["offload"] = comm, host
@@ -43,7 +42,8 @@ def rm_times(ctx: Context):
     ph, gpus = ctx.report["phases"]["rm_update"], int(ctx.report["hardware"]["gpus"])
     # every GPU of the profile trains (recipes/probe.py shard_gpus): each rank's micro-steps of an optimiser step
     micro = ceil_div(plan.batch_size, plan.micro_batch_size * gpus)
-    phases = {"update": micro * _pass_flops(ctx, ph, L) / ctx.hw.flops}
+    phases = {"update": micro * pass_seconds(ctx, ph, L)}
+    _host_assumptions(ctx)
     phases["zero_comm"], phases["offload"] = zero_traffic(ctx, micro_steps=micro, forward_passes=0,
                                                           optimizer_steps=1, gpus=gpus)
     return phases, set()
@@ -65,9 +65,31 @@ def response_len(ctx: Context) -> int:
     return R
 
 
-def _pass_flops(ctx: Context, phase: dict, tokens: int) -> float:
-    """The probe's FLOPs of one micro-step, its rows at ``tokens`` tokens instead of full length."""
-    return phase["flops"] * flop_scale(ctx.policy, phase["tokens_per_row"], tokens)
+def pass_seconds(ctx: Context, phase: dict, tokens: int) -> float:
+    """One micro-step of the probe's ``phase``, its rows at ``tokens`` tokens instead of full length: the larger of
+    the device's time (the matrix products' FLOPs at the FLOP rate, the other ops' memory traffic, linear in the
+    tokens, at the memory bandwidth) and the host's (the ops it dispatches, and under ZeRO-3 a hook per
+    parameter-owning module per forward and backward)."""
+    device = (phase["flops"] * flop_scale(ctx.policy, phase["tokens_per_row"], tokens) / ctx.hw.flops
+              + phase["traffic_bytes"] * tokens / phase["tokens_per_row"] / ctx.hw.mem)
+    hooks = phase["module_passes"] if int(ctx.cfg.zero.stage) == 3 else 0
+    host = phase["ops"] * HOST_SECONDS_PER_OP[0] + hooks * ZERO3_MODULE_SECONDS[0]
+    return max(device, host)
+
+
+def _host_assumptions(ctx: Context) -> None:
+    ctx.assume("host_seconds_per_op", HOST_SECONDS_PER_OP[0], HOST_SECONDS_PER_OP[1])
+    if int(ctx.cfg.zero.stage) == 3:
+        ctx.assume("zero3_module_seconds", ZERO3_MODULE_SECONDS[0], ZERO3_MODULE_SECONDS[1])
+
+
+def verify_seconds(ctx: Context) -> float:
+    """A completion's verification: a call on no answer when the policy is a random-weight model (built locally, no
+    warm start: its completions hold no answer), else the cost of parsing and comparing one."""
+    random_policy = not ctx.cfg.model.name_or_path and not ctx.plan.warm_start
+    seconds, why = VERIFY_CALL_SECONDS if random_policy else VERIFY_SECONDS
+    ctx.assume("verify_seconds", seconds, why)
+    return seconds
 
 
 def _frozen_forwards(ctx: Context) -> int:
@@ -91,7 +113,10 @@ def generate_seconds(ctx: Context, P: int, R: int, R_cap: int) -> float:
     # continuous batching refills a finished slot; HF generate runs a wave to its longest completion
     iters = max(R_cap, ceil_div(n * R, slots)) if engine != "hf" else ceil_div(n, slots) * R_cap
     weights = iters * fig.weight_bytes / (tp * hw.mem)
-    kv = n * R * (P + R / 2) * fig.kv_bytes_per_token / (tp * hw.mem)
+    # vLLM's paged attention and flash-attn read the cache at the memory efficiency; HF generate's decode through
+    # sdpa (or eager) far slower (efficiency hf_kv, measured with sdpa)
+    slow_kv = engine == "hf" and str(cfg.model.attn_implementation) in ("sdpa", "eager")
+    kv = n * R * (P + R / 2) * fig.kv_bytes_per_token / (tp * (hw.hf_kv if slow_kv else hw.mem))
     compute = n * R * fig.forward_flops(P + R / 2) / (tp * hw.flops)
     # HF generate: each decode iteration runs every layer's Python and launches, latency-bound at small waves
     overhead = iters * fig.layers * HF_DECODE_LAYER_SECONDS[0] if engine == "hf" else 0.0
@@ -132,7 +157,7 @@ def zero_traffic(ctx: Context, micro_steps: int, forward_passes: int, optimizer_
     cfg, hw, fig = ctx.cfg, ctx.hw, ctx.policy
     z, link = cfg.zero, hw.link(gpus)
     stage, trainable = int(z.stage), _trainable_bytes(ctx)
-    grad_bytes = trainable * (2 if z.get("communication_data_type") in (None, "bf16", "fp16") else 1)
+    grad_bytes = trainable / 2 * memory.comm_dtype_bytes(cfg)  # the gradients in DeepSpeed's communication dtype
     if stage == 3:
         # a micro-step gathers every trained model (the policy, the critic); a no-grad forward one model of the
         # policy's size (old policy, reference)

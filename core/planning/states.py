@@ -116,15 +116,20 @@ def vllm_bytes(cfg, at_start: int = 0) -> tuple[int, int]:
     """``(awake, during training)`` bytes of a vLLM colocated on a learner GPU: its reservation while it generates
     (core/planning/memory.py ``vllm_reservation``: ``gpu_memory_utilization`` x the GPU, or under ``free`` its weights,
     activations, CUDA graphs and the KV cache sized from what is free beside the ``at_start`` bytes the trainer held
-    when it was built); while the trainer runs, nothing if it sleeps (level 1 offloads the weights to CPU memory
-    and frees the KV cache, level 2 discards both: docs/vllm.md), else the same. Dedicated vLLM GPUs: none here."""
+    when it was built); while the trainer runs the same, or asleep (``rollout.vllm.enable_sleep_mode``) its CUDA
+    graphs. Sleep frees only what vLLM allocated through its ``CuMemAllocator`` pools, the weights and the KV cache
+    (vllm/v1/worker/gpu_worker.py ``sleep``: ``CuMemAllocator.sleep(offload_tags=("weights",))`` at level 1, which
+    backs the weights up in CPU memory, ``()`` at level 2, which discards them; docs.vllm.ai features/sleep_mode); the
+    CUDA graphs, captured afterwards into torch's graph pool, stay on the GPU (vLLM 0.31.0, constraints/gpu.txt; a
+    later vLLM can put the graph pool under sleep too, ``--sleep-mode-offload-cudagraph``), as do NCCL's buffers,
+    NCCL's own allocation (counted in core/planning/memory.py ``overhead``). Dedicated vLLM GPUs: none here."""
     if cfg.loop != "rl" or cfg.rollout.engine != "vllm":
         return 0, 0
     from core.planning.memory import vllm_reservation
 
-    v = cfg.rollout.vllm
-    awake = vllm_reservation(cfg, at_start)["reservation_bytes"]
-    return awake, 0 if v.enable_sleep_mode else awake
+    parts = vllm_reservation(cfg, at_start)
+    awake = parts["reservation_bytes"]
+    return awake, parts["cuda_graph_bytes"] if cfg.rollout.vllm.enable_sleep_mode else awake
 
 
 def resident(cfg, models: dict, gpus: int, at_start: int = 0) -> dict:

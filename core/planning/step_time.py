@@ -4,15 +4,19 @@ at full length).
 
 Each phase is a roofline: compute at the GPU's datasheet bf16 FLOP/s times a model-FLOP utilisation, memory traffic
 at its datasheet bandwidth times a utilisation, collectives over the link they cross times a utilisation
-(:data:`EFFICIENCY`, the only tuned figures, global, overridable). Per step, per learner rank:
+(:data:`EFFICIENCY`, global, overridable); host costs are fixed figures, each with its source (several measured on the
+H200 run of issue 36, docs/planner.md "Calibration on a GPU"). Per step, per learner rank:
 
 - ``generate``: prefill at compute; decode per iteration reads the weights once plus every running sequence's KV
   cache, or computes, whichever binds (vLLM's continuous batching refills finished slots; HF ``generate`` runs waves
   of ``rollout.generation_batch_size`` to the longest completion, each iteration at least its per-layer host overhead,
   :data:`HF_DECODE_LAYER_SECONDS`); completions of ``rollout.expected_new_tokens`` (a recipe's published mean, else the cap);
-- ``score``: the verifier on the rank's completions (:data:`VERIFY_SECONDS`);
-- ``logprobs`` and ``update``: the probe's FLOPs per micro-step (recompute included when checkpointing: the probe
-  runs it), scaled from full length to the expected lengths with the attention term taken causal;
+- ``score``: the verifier on the rank's completions (:data:`VERIFY_SECONDS`; a random-weight policy's, which hold
+  no answer, :data:`VERIFY_CALL_SECONDS`);
+- ``logprobs`` and ``update``: per micro-step the larger of the device's time (the probe's FLOPs, recompute included
+  when checkpointing, scaled from full length to the expected lengths with the attention term taken causal, plus the
+  memory traffic of the other ops) and the host's (:data:`HOST_SECONDS_PER_OP` per op, :data:`ZERO3_MODULE_SECONDS`
+  per module pass under ZeRO-3);
 - ``zero_comm``: ZeRO's collectives, ring volumes ``(g-1)/g`` of the tensor per GPU: stage 3 all-gathers the weights
   for every forward, backward and recompute and reduce-scatters gradients every micro-step; stages 1-2
   reduce-scatter gradients every micro-step and all-gather the updated weights per optimiser step; DDP all-reduces
@@ -38,14 +42,38 @@ EFFICIENCY: dict[str, tuple[float, str]] = {
     "mfu": (0.40, "model-FLOP utilisation of bf16 training and prefill; PaLM (Chowdhery et al. 2022, Table 3) "
                   "reports 46% for PaLM and 30% for Megatron-Turing NLG; DeepSpeed ZeRO-3 runs near the lower end"),
     "hbm": (0.60, "fraction of the datasheet memory bandwidth a decode step reaches (paged-attention kernels and "
-                  "weight reads; an engineering figure, not measured here)"),
+                  "weight reads) and a training pass's ops other than matrix products (an engineering figure, not "
+                  "measured here)"),
     "link": (0.70, "fraction of a link's datasheet bandwidth NCCL's ring collectives reach (nccl-tests bus bandwidth "
                    "over the link's peak; an engineering figure, not measured here)"),
     "host": (0.50, "fraction of the PCIe datasheet bandwidth ZeRO-Offload's pinned copies reach (an engineering "
                    "figure, not measured here)"),
+    # H200 run of 2026-11, issue 36 (bench/gpu_measured.json, stage2_1024): HF generate of 128 rows to 1024 new tokens
+    # took 62.43 s, the planner's host floor (1024 x 24 layers x 1.2 ms) 29.5 s; the excess grows with the context
+    # (256 new tokens: 7.77 s, at that floor). Decode is then bound by the KV cache: 128 x 1024 x (6 + 512) tokens of
+    # context x 12,288 bytes = 834 GB read in 62.43 - 0.35 (the weights' reads) s = 13.4 GB/s, 0.0028 of 4.8 TB/s.
+    "hf_kv": (0.0028, "fraction of the datasheet memory bandwidth at which HF generate's eager decode goes through the "
+                      "KV cache (sdpa with a padding mask: GQA heads expanded, the cache concatenated every token): "
+                      "H200 run of 2026-11, issue 36 (128 x 1024 new tokens in 62.4 s)"),
 }
 VERIFY_SECONDS = (0.01, "CPU seconds to verify one completion, per learner rank's process (math-verify parse + "
                         "verify of a ~1k-token answer, order of magnitude; the demo's tiny ones take 0.2 ms)")
+# H200 run of 2026-11, issue 36 (stage2_1024): time/verify 0.019 s for the 128 completions of a random-weight policy,
+# which hold no answer to parse or compare: 0.15 ms each, the verifier's call alone.
+VERIFY_CALL_SECONDS = (0.019 / 128, "CPU seconds of a verifier call on a completion with no answer (a random-weight "
+                                    "policy's): H200 run of 2026-11, issue 36, 0.019 s for 128")
+# H200 run of 2026-11, issue 36 (bench/gpu_measured.json, none_256): the update of 8 micro-steps of 16 x 262 tokens
+# took 0.80 s, where its matrix products (12.7 TFLOP a micro-step at 0.40 x 989.5 TFLOP/s: 32 ms) and the memory
+# traffic of its other ops (117 GB at 0.60 x 4.8 TB/s: 41 ms) come to 73 ms a micro-step: the host bound it, 100 ms for
+# the 2,901 ops the probe counts in one: 34.5 us an op (0.80 s / (8 x 2,901)). At 1024 new tokens (stage2_1024) the
+# device binds (about 290 ms a micro-step, 2.33 s predicted, 2.36 s measured) and the host's 3,153 ops take 109 ms.
+HOST_SECONDS_PER_OP = (34.5e-6, "host seconds to dispatch and launch one op in eager PyTorch (Python, dispatcher, "
+                                "autograd): H200 run of 2026-11, issue 36, 0.80 s for 8 x 2,901 ops")
+# H200 run of 2026-11, issue 36 (stage3_256): the same update under ZeRO-3 at world size 1 took 2.83 s, 2.03 s more,
+# over 8 micro-steps x 438 module passes (219 parameter-owning modules, forward and backward): 0.579 ms a pass, the
+# host time of DeepSpeed's per-module fetch and release hooks (no collective at world size 1).
+ZERO3_MODULE_SECONDS = (2.03 / (8 * 438), "host seconds of DeepSpeed ZeRO-3's hooks per parameter-owning module per "
+                                          "forward or backward: H200 run of 2026-11, issue 36, 2.03 s over 8 x 438")
 CPU_ADAM_PARAMS_PER_S = (1e9, "parameters per second DeepSpeed's CPU Adam updates per rank (order of magnitude of "
                               "ZeRO-Offload, Ren et al. 2021, §6; not measured here)")
 # HF ``generate`` in eager mode: host time per decoder layer per decode iteration (Python, module calls, ~10 kernel
@@ -74,6 +102,7 @@ class Hw:
 
     flops: float  # effective FLOP/s
     mem: float  # effective memory bytes/s
+    hf_kv: float  # effective bytes/s of HF generate's eager decode through the KV cache
     intra: float  # effective link bytes/s inside a node
     inter: float  # effective network bytes/s per GPU out of a node
     host: float  # effective host-link bytes/s
@@ -90,6 +119,7 @@ class Hw:
 
 def hardware(hw_cfg, eff: dict[str, float]) -> Hw:
     return Hw(flops=float(hw_cfg.bf16_tflops) * 1e12 * eff["mfu"], mem=float(hw_cfg.memory_gbps) * 1e9 * eff["hbm"],
+              hf_kv=float(hw_cfg.memory_gbps) * 1e9 * eff["hf_kv"],
               intra=float(hw_cfg.intra_node_gbps) * 1e9 * eff["link"],
               inter=float(hw_cfg.inter_node_gbps) * 1e9 * eff["link"], host=float(hw_cfg.host_gbps) * 1e9 * eff["host"],
               memory_bytes=float(hw_cfg.memory_gib) * 2 ** 30, gpus_per_node=int(hw_cfg.gpus_per_node),
