@@ -45,9 +45,6 @@ MODEL = {"qwen2_5_0_5b": ["model=qwen2_5_0_5b_random"],
          "tiny": ["model=qwen2_5_0_5b_random", "model.tiny.vocab_size=128", "model.tiny.hidden_size=32",
                   "model.tiny.intermediate_size=64", "model.tiny.num_hidden_layers=2",
                   "model.tiny.num_attention_heads=4", "model.tiny.max_position_embeddings=1024",
-                  # Qwen2Config's default RoPE: a nested model.tiny key reaches core/models/shapes.py as a DictConfig,
-                  # which recipes.probe and recipes.plan refuse until issue 36's fix, and gpu-check's CPU test
-                  # needs their predictions of these shapes (the real shapes keep it: their failure is recorded)
                   "model.dtype=float32"]}[SHAPES]
 PROMPTS, GROUP = 16, 8  # an RL step's prompts and completions per prompt: the update's rows are PROMPTS x GROUP
 # The longest arithmetic prompt ("99+99=") is 6 tokens of the char tokenizer: the limit drops no row, and the probe
