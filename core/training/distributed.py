@@ -84,7 +84,7 @@ def check_gloo_address() -> None:
         return
     resolved = f"resolves to {address}, a loopback address" if address else "resolves to no address it can bind"
     master = env.get("MASTER_ADDR", "the first node")
-    via = route_interface(_ipv4(master) or "") if master != host else None
+    via = route_interface(_ipv4(master)) if master != host else None
     hint = f"; here the route to MASTER_ADDR={master} leaves through {via}: GLOO_SOCKET_IFNAME={via}" if via else ""
     raise GlooAddressError(
         f"this node's name {host!r} {resolved} and GLOO_SOCKET_IFNAME is not set: gloo, which carries every metric "
@@ -102,12 +102,13 @@ def _ipv4(host: str) -> str | None:
         return None
 
 
-def route_interface(address: str) -> str | None:
+def route_interface(address: str | None) -> str | None:
     """The network interface this host sends to ``address`` through (``ip -o route get``, iproute2), or None where
-    that cannot be told (no ``ip``, no route) or it is the loopback one (``address`` is this host's own)."""
+    that cannot be told (no address, no ``ip``, no route) or it is the loopback one (``address`` is this host's own)."""
+    if not address:
+        return None
     try:
-        out = subprocess.run(["ip", "-o", "route", "get", address], capture_output=True, text=True,
-                             timeout=10).stdout if address else ""
+        out = subprocess.run(["ip", "-o", "route", "get", address], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     dev = re.search(r"\bdev (\S+)", out)
@@ -117,8 +118,7 @@ def route_interface(address: str) -> str | None:
 def peer_interface(peer: str) -> str | None:
     """The interface that reaches node ``peer`` from here (its IPv4 address's route), or None: what
     ``GLOO_SOCKET_IFNAME`` names on a node of a multi-node job (core/launch.py, launch/slurm.sbatch)."""
-    address = _ipv4(peer)
-    return route_interface(address) if address else None
+    return route_interface(_ipv4(peer))
 
 
 def _attempt_store(timeout: timedelta):

@@ -209,8 +209,8 @@ def deepspeed_config(zero_cfg, optim_cfg, micro_batch: int, grad_accum: int, bf1
 
 # The first DeepSpeed that skips the optimiser step of a non-finite gradient under every ZeRO stage and dtype we train
 # in, and reports its norm as inf: 0.19.8 (``is_invalid_grad_norm`` in ``stage_1_and_2.py``, ``stage3.py`` and
-# ``bf16_optimizer.py`` ``step``). Before it, ZeRO-1/2 checked fp16 alone up to 0.19.2 (bf16 from 0.19.3, its norm
-# reported stale) and ZeRO-3 fp16 alone: a NaN step wrote NaN into the fp32 master weights (docs/dependencies.md).
+# ``bf16_optimizer.py`` ``step``). Before it ZeRO-1/2 checked fp16, and bf16 by default from 0.19.3 (reporting a stale
+# norm), never fp32; ZeRO-3 fp16 alone: a NaN step wrote NaN into the fp32 master weights (docs/dependencies.md).
 # pyproject.toml's floor is this version; tests/test_floors.py holds them together.
 NONFINITE_SKIP_DEEPSPEED = "0.19.8"
 
