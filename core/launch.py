@@ -35,12 +35,23 @@ SITE_KEYS = ("partition", "account")
 def export_submitit_ranks() -> None:
     """Inside a submitit task that torchrun did not start: export this task's rank variables from Slurm's (or
     the local executor's). Every GPU stays visible and ``LOCAL_RANK`` picks this rank's (``device=auto``), as
-    under torchrun. A preset MASTER_ADDR gives way to the job's first node; a preset MASTER_PORT is kept."""
+    under torchrun. A preset MASTER_ADDR gives way to the job's first node; a preset MASTER_PORT is kept. In a job
+    of several nodes, also ``GLOO_SOCKET_IFNAME`` (unless set): the interface this node reaches another through
+    (the first node, or from the first node the second), so gloo does not bind to a loopback address its name may
+    resolve to (core/training/distributed.py ``check_gloo_address``; launch/slurm.sbatch does the same)."""
     if "SUBMITIT_EXECUTOR" not in os.environ or "WORLD_SIZE" in os.environ:
         return
+    from submitit import JobEnvironment
     from submitit.helpers import TorchDistributedEnvironment
 
+    from core.training.distributed import peer_interface
+
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    job = JobEnvironment()
+    if job.num_nodes > 1 and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        interface = peer_interface(job.hostnames[1 if job.node == 0 else 0])
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
 
 
 def launch_problems(cfg, launcher) -> list[str]:

@@ -142,6 +142,6 @@ def _load_file(path: str):
 
 
 def installed(package: str) -> bool:
-    """``package`` can be imported here (an entry's GPU-only dependency: vllm, flash_attn), found without
+    """``package`` can be imported here (an entry's GPU-only dependency: vllm), found without
     importing it."""
     return importlib.util.find_spec(package) is not None

@@ -289,7 +289,7 @@ def rl_step(run: Run) -> dict:
         "length/truncated_frac": 1.0 - stopped.float().mean().item(), "kl/beta": beta,
         "tokens/generated": tokens[0].item(), "tokens/total": tokens[1].item(), **kl_metrics, **upd,
         "rollout/policy_lag": run.step - made_by,  # versions between the weights trained and those that sampled
-        **distributed.mean_metrics(timer.pop()), **peak_memory(), **numerics.skip_metrics(cfg.train.on_nonfinite, bad),
+        **distributed.mean_metrics(timer.pop(), peak_memory()), **numerics.skip_metrics(cfg.train.on_nonfinite, bad),
     }
 
 

@@ -242,11 +242,11 @@ def rm_step(run: Run) -> dict:
             for k, v in {**m, "loss": loss.detach()}.items():
                 sums[k] = sums.get(k, 0.0) + v.double() / accum
         sums = {**to_floats(sums), **engine.step()}  # no optimiser step on a non-finite gradient norm
-    # this rank's pairs' loss and accuracy: the step's are the mean over ranks (equal shares)
-    out = distributed.mean_metrics({**sums, **timer.pop()})
+    # this rank's pairs' loss and accuracy: the step's are the mean over ranks (equal shares); the peak, the largest
+    out = distributed.mean_metrics({**sums, **timer.pop()}, peak_memory())
     bad = numerics.guard(run.step + 1, t.on_nonfinite, run.run_dir, {}, {k: out[k] for k in ("loss", "grad_norm")},
                          lambda: pair_records(run, idx))
-    return {**out, **peak_memory(), **numerics.skip_metrics(t.on_nonfinite, bad)}
+    return {**out, **numerics.skip_metrics(t.on_nonfinite, bad)}
 
 
 def pair_records(run: Run, idx: list[int]) -> list[dict]:

@@ -50,3 +50,11 @@ def test_gpu_constraints_satisfy_the_project_ranges():
                                                             *project["optional-dependencies"]["gpu"]])}
     for name, v in pins(PROJECT_ROOT / "constraints" / "gpu.txt").items():
         assert name not in ranges or v in ranges[name], f"constraints/gpu.txt pins {name}=={v}, outside {ranges[name]}"
+
+
+def test_the_deepspeed_floor_skips_a_nonfinite_step():
+    """The floor is the first DeepSpeed that skips a non-finite step under every ZeRO stage (core/training/engine.py
+    ``NONFINITE_SKIP_DEEPSPEED``, which the engine and the config check also hold the installed one to)."""
+    from core.training.engine import NONFINITE_SKIP_DEEPSPEED
+
+    assert floors()["deepspeed"] == Version(NONFINITE_SKIP_DEEPSPEED) == Version("0.19.8")

@@ -35,8 +35,9 @@ SBATCH = PROJECT_ROOT / "launch" / "slurm.sbatch"
 SITE = ["hydra.launcher.partition=gpu", "hydra.launcher.account=rl"]
 # Test doubles for the Slurm and network commands launch/slurm.sbatch calls: srun records each job step (a
 # server step stays up for STUB_SERVE_SECONDS) and, with STUB_RUN, runs its command once per task on this
-# machine, as on the first node of --nodelist (SLURMD_NODENAME); scontrol lists STUB_HOSTS; curl answers
-# STUB_CURL_RC; getent resolves gpu-a and gpu-b to 10.0.0.1 and 10.0.0.2, and no other name.
+# machine, task i as on the i-th node of --nodelist (SLURMD_NODENAME); scontrol lists STUB_HOSTS; curl answers
+# STUB_CURL_RC; getent resolves gpu-a and gpu-b to 10.0.0.1 and 10.0.0.2, and no other name; `ip -o route get`
+# routes 10.0.0.N through interface ibN.
 SRUN = """#!/bin/bash
 printf "%s\\n" "$*" >> "$STUB_LOG"
 [[ "$*" == *" serve "* ]] && exec sleep "${STUB_SERVE_SECONDS:-0}"
@@ -44,10 +45,14 @@ printf "%s\\n" "$*" >> "$STUB_LOG"
 n=1
 while [[ "$1" == --* ]]; do
   [[ "$1" == --ntasks=* ]] && n=${1#--ntasks=}
-  [[ "$1" == --nodelist=* ]] && nodes=${1#--nodelist=} && export SLURMD_NODENAME=${nodes%%,*}
+  [[ "$1" == --nodelist=* ]] && nodes=${1#--nodelist=}
   shift
 done
-for ((i = 0; i < n; i++)); do "$@" & done
+IFS=, read -ra names <<< "${nodes:-}"
+for ((i = 0; i < n; i++)); do
+  [[ -n "${nodes:-}" ]] && export SLURMD_NODENAME=${names[i]:-${names[0]}}
+  "$@" &
+done
 for ((i = 0; i < n; i++)); do wait -n || exit 1; done
 """
 STUBS = {
@@ -56,6 +61,8 @@ STUBS = {
     "curl": '#!/bin/bash\nexit "${STUB_CURL_RC:-0}"\n',
     "getent": '#!/bin/bash\ncase "$2" in gpu-a) ip=10.0.0.1 ;; gpu-b) ip=10.0.0.2 ;; *) exit 2 ;; esac\n'
               'echo "$ip STREAM $2"; echo "$ip DGRAM"\n',
+    "ip": '#!/bin/bash\n[[ "$1 $2 $3" == "-o route get" && "$4" == 10.0.0.* ]] || exit 1\n'
+          'echo "$4 via 10.0.0.254 dev ib${4##*.} src 10.0.0.9 uid 0 \\    cache"\n',
 }
 
 
@@ -203,22 +210,37 @@ def test_the_cli_says_how_to_show_a_multiruns_launcher(tmp_path):
     assert "InputError: -m with --cfg: Hydra runs one of" in proc.stderr and "leave out -m" in proc.stderr
 
 
-def test_a_submitit_task_exports_its_rank_and_validates_in_that_world(composed):
-    """Task 9 of a 2 x 8 Slurm job (the variables Slurm sets, as submitit's SlurmJobEnvironment reads them)."""
+def test_a_submitit_task_exports_its_rank_and_validates_in_that_world(composed, tmp_path, monkeypatch):
+    """Task 9 of a 2 x 8 Slurm job (the variables Slurm sets, as submitit's SlurmJobEnvironment reads them), on node
+    gpu2: also GLOO_SOCKET_IFNAME, the interface it routes to gpu1 through (the ``ip`` double; the names resolved
+    as the getent double resolves gpu-a and gpu-b), and task 1, on gpu1, the one to gpu2."""
+    _stubs(tmp_path, monkeypatch)
+    real = socket.getaddrinfo
+    nodes = {"gpu1": "10.0.0.1", "gpu2": "10.0.0.2"}
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: [(socket.AF_INET, socket.SOCK_STREAM, 6, "",
+                        (nodes[host], 0))] if host in nodes else real(host, *a, **k))
     slurm = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4242", "SLURM_NTASKS": "16", "SLURM_PROCID": "9",
              "SLURM_LOCALID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]", "SLURM_NODEID": "1"}
     with mock.patch.dict(os.environ, slurm):  # the whole environment is restored afterwards
-        for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                    "GLOO_SOCKET_IFNAME"):
             os.environ.pop(key, None)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         export_submitit_ranks()
-        assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} \
-            == {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "gpu1"}
+        assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                           "GLOO_SOCKET_IFNAME")} == {
+            "RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "8", "MASTER_ADDR": "gpu1",
+            "GLOO_SOCKET_IFNAME": "ib1"}
         assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible  # every GPU visible; LOCAL_RANK picks one
         prepare(composed("layout=simplerl_zoo_2node", "train.micro_batch_size=8"))
         os.environ["WORLD_SIZE"] = "2"
         export_submitit_ranks()  # under torchrun its variables stand
         assert os.environ["WORLD_SIZE"] == "2" and os.environ["RANK"] == "9"
+        for key in ("WORLD_SIZE", "GLOO_SOCKET_IFNAME"):
+            os.environ.pop(key)
+        os.environ.update(SLURM_PROCID="1", SLURM_NODEID="0")
+        export_submitit_ranks()
+        assert (os.environ["RANK"], os.environ["GLOO_SOCKET_IFNAME"]) == ("1", "ib2")
 
 
 @pytest.mark.slow  # 11-17 s: make test stays near 10 minutes
@@ -284,13 +306,15 @@ def test_the_sbatch_script_starts_torchrun_across_two_nodes_that_rendezvous(tmp_
         sock.bind(("localhost", 0))
         port = sock.getsockname()[1]
     proc = _sbatch(tmp_path, sys.executable, *layout, *FAST, f"paths.results_dir={tmp_path}/results",
-                   f"hydra.run.dir={tmp_path}/run", hosts="localhost localhost", STUB_RUN="1", RDZV_PORT=str(port))
+                   f"hydra.run.dir={tmp_path}/run", hosts="localhost localhost", STUB_RUN="1", RDZV_PORT=str(port),
+                   GLOO_SOCKET_IFNAME="lo")  # two "nodes" on one machine reach each other there
     assert proc.returncode == 0, proc.stderr[-3000:]
     (step,) = _steps(tmp_path)
     args = " ".join([*layout, *FAST, f"paths.results_dir={tmp_path}/results", f"hydra.run.dir={tmp_path}/run"])
     assert step == (f"--nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist=localhost,localhost --kill-on-bad-exit=1 "
                     f"{Path(sys.executable).parent}/torchrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d "
-                    f"--rdzv_endpoint=localhost:{port} --rdzv_id=77 -m recipes.run {args} hydra.run.dir={tmp_path}/run")
+                    f"--rdzv_endpoint=localhost:{port} --rdzv_id=77 --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,"
+                    f"SIGUSR1 --shutdown-timeout=600 -m recipes.run {args} hydra.run.dir={tmp_path}/run")
     rows = results(tmp_path)
     assert len(rows) == 1 and rows[0]["steps"] == 2 and rows[0]["run_dir"] == f"{tmp_path}/run"
 
@@ -401,6 +425,30 @@ def test_the_sbatch_script_gives_each_node_of_a_dedicated_layout_its_address_for
     proc = _sbatch(tmp_path, "python", "layout=open_r1_2node", hosts="gpu-a gpu-x")
     assert proc.returncode == 1 and "cannot resolve the server node gpu-x to an IPv4 address" in proc.stderr
     assert not (tmp_path / "steps.log").exists()  # nothing started
+
+
+COLOCATED_2NODE = {**DEDICATED, "NODES": 2, "LEARNER_NODES": 2, "NPROC_PER_NODE": 8, "LEARNER_DEVICES": "",
+                   "ROLLOUT_GPUS": 0, "ENGINES": 0, "SERVERS": "", "SERVE_ARGS": "", "SERVER_TIMEOUT": 0}
+
+
+def test_each_node_of_a_multi_node_job_names_the_interface_gloo_binds_to(tmp_path, monkeypatch):
+    """GLOO_SOCKET_IFNAME: without it gloo binds to the address the node's name resolves to, loopback on some nodes.
+    Each learner task names the interface its node routes to another learner node through (gpu-b to the first node,
+    gpu-a to the second); a preset one is kept; a peer that does not resolve leaves it unset, saying so (the ranks
+    then refuse a loopback address themselves: tests/core/test_gloo.py)."""
+    bin_dir = _stubs(tmp_path, monkeypatch, **COLOCATED_2NODE)
+    seen = 'echo "$SLURMD_NODENAME ${GLOO_SOCKET_IFNAME-unset}" >> "$STUB_LOG"'
+    (bin_dir / "torchrun").write_text(f"#!/bin/bash\n{seen}\n")
+    (bin_dir / "torchrun").chmod(0o755)
+    for env, hosts, want in (({}, "gpu-a gpu-b", ["gpu-a ib2", "gpu-b ib1"]),
+                             ({"GLOO_SOCKET_IFNAME": "eth7"}, "gpu-a gpu-b", ["gpu-a eth7", "gpu-b eth7"]),
+                             ({}, "gpu-a gpu-x", ["gpu-a unset", "gpu-x ib1"])):
+        proc = _sbatch(tmp_path, str(bin_dir / "python"), "layout=simplerl_zoo_2node", hosts=hosts, STUB_RUN="1", **env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert sorted(line for line in _steps(tmp_path) if line.startswith("gpu-")) == want  # what torchrun saw
+        assert ("gpu-a: no route to gpu-x () names an interface; GLOO_SOCKET_IFNAME left unset" in proc.stderr) == \
+            (hosts == "gpu-a gpu-x")
+        (tmp_path / "steps.log").unlink()
 
 
 @pytest.mark.parametrize("argv, added", [

@@ -21,10 +21,11 @@ from core.config.scale import command_line_keys
 from core.config.tokens import token_id_problems
 from core.config.warm_start import decide
 from core.errors import InputError
-from core.models.loading import model_source_problem
+from core.models.loading import flash_attention_problem, model_source_problem
 from core.rollout import ROLLOUT_ENGINES
+from core.training.engine import deepspeed_version_problem
 from core.training.optim import CPU_ADAM_MODES, SCHEDULES
-from core.registry import Registry, installed
+from core.registry import Registry
 from verifiers import VERIFIERS
 
 
@@ -47,6 +48,8 @@ def problems(cfg, world: int, packages: bool = True) -> list[str]:
         if not bad & {f"train.{k}" for k in BATCH_SPLITS.meta(cfg.loop)["keys"]}:
             errors += BATCH_SPLITS.get(cfg.loop)(cfg.train, cfg.layout.learner_gpus)
     errors += _zero_problems(cfg.zero, cfg.optim.optimizer)
+    if packages and int(cfg.zero.stage) > 0 and (problem := deepspeed_version_problem()):
+        errors.append(f"zero.stage={cfg.zero.stage}: {problem}")
     errors += _optimizer_problems(cfg.optim.optimizer)
     errors += SCHEDULES.problems(cfg.optim.scheduler.name, cfg.optim.scheduler)
     errors += _model_problems(cfg, packages)
@@ -100,7 +103,7 @@ def _zero_problems(zero, opt) -> list[str]:
 
 
 def _model_problems(cfg, packages: bool) -> list[str]:
-    """The model sources exist, the attention kernel runs in the model's dtype (and is installed), tiny sizes
+    """The model sources exist, the attention kernel runs in the model's dtype (and transformers finds it), tiny sizes
     are positive."""
     errors = []
     for key, value in (("model.name_or_path", cfg.model.name_or_path),
@@ -114,9 +117,8 @@ def _model_problems(cfg, packages: bool) -> list[str]:
     if attn.startswith("flash_attention") and cfg.model.dtype == "float32":
         errors.append(f"model.attn_implementation={attn} with model.dtype=float32: flash-attn runs in float16 or "
                       f"bfloat16 only; use model.dtype=bfloat16 or model.attn_implementation=sdpa")
-    if packages and attn.startswith("flash_attention") and not installed("flash_attn"):
-        errors.append(f"model.attn_implementation={attn}: flash-attn is not installed here (pip install -e "
-                      f"'.[gpu]' on a CUDA machine), or use model.attn_implementation=sdpa")
+    if packages and (problem := flash_attention_problem(attn)):  # as transformers will ask it
+        errors.append(problem)
     for key, value in (cfg.model.tiny or {}).items():
         if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
             errors.append(f"model.tiny.{key}={value}: expected a positive size")

@@ -290,8 +290,7 @@ def load_causal_lm(path: str, model_cfg):
     from transformers import AutoModelForCausalLM
 
     attn = model_cfg.attn_implementation
-    if attn == "flash_attention_2":
-        _require("flash_attn", "model.attn_implementation=flash_attention_2")
+    require_attention(attn)
     from core.hub import reading
 
     with reading("model", "model.name_or_path", path):
@@ -335,8 +334,34 @@ def _disable_dropout(model) -> None:
             setattr(model.config, k, 0.0)
 
 
-def _require(module: str, what: str) -> None:
-    import importlib.util
+# Where each flash-attention kernel comes from, for the message: transformers imports FA2 from ``flash_attn`` and FA3
+# from ``flash_attn_interface`` (5.17; 5.0 looked for a ``flash_attn_3`` module), built from flash-attention's hopper/.
+FLASH_PACKAGES = {"2": "flash-attn (the gpu extra: pip install -e '.[gpu]')",
+                  "3": "flash-attn-3 (flash-attention's hopper/ build; not in the gpu extra)"}
 
-    if importlib.util.find_spec(module) is None:
-        raise ImportError(f"{what} needs the optional package {module!r}: pip install -e '.[gpu]' on a CUDA machine")
+
+def flash_attention_problem(attn: str) -> str | None:
+    """Why transformers would not run ``model.attn_implementation=attn`` here, or None (also for non-flash ones). Asked
+    as transformers asks it when a model loads: its own ``is_flash_attn_2_available`` / ``is_flash_attn_3_available``
+    (transformers/utils/import_utils.py; 5.17 wants the ``flash_attn`` module of flash-attn >= 2.3.3, or the
+    ``flash_attn_interface`` module of flash-attn-3, and a CUDA device), so a kernel that moves package between
+    transformers releases is found where that release finds it. Its fallback to a hub kernel (the ``kernels``
+    package, 5.17) is not counted: that downloads code while the model loads."""
+    import transformers
+    from transformers import utils
+
+    version = attn.removeprefix("flash_attention_")
+    check = getattr(utils, f"is_flash_attn_{version}_available", None) if attn.startswith("flash_attention_") else None
+    if check is None or check():
+        return None
+    return (f"model.attn_implementation={attn}: transformers {transformers.__version__} finds no usable "
+            f"flash-attention {version} here (transformers.utils.is_flash_attn_{version}_available() is false: it "
+            f"needs {FLASH_PACKAGES.get(version, 'its package')} installed and a CUDA device), or use "
+            f"model.attn_implementation=sdpa")
+
+
+def require_attention(attn: str) -> None:
+    """Raise :class:`ImportError` with :func:`flash_attention_problem`'s reason before a model loads with ``attn``."""
+    problem = flash_attention_problem(attn)
+    if problem:
+        raise ImportError(problem)

@@ -37,11 +37,10 @@ def load_reward_model(path: str, model_cfg, head_init: str = "transformers", pad
     (core/training/backend.py)."""
     from transformers import AutoModelForSequenceClassification
 
-    from core.models.loading import _require, with_checkpointing
+    from core.models.loading import require_attention, with_checkpointing
 
     attn = model_cfg.attn_implementation
-    if attn == "flash_attention_2":
-        _require("flash_attn", "model.attn_implementation=flash_attention_2")
+    require_attention(attn)
     from core.hub import reading
 
     with reading("model", "model.name_or_path", path):

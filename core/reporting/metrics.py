@@ -68,7 +68,8 @@ def reset_peak_memory() -> None:
 def peak_memory() -> dict[str, float]:
     """The step's peak since :func:`reset_peak_memory`, in MiB, as ``memory/peak_mb``: GPU memory allocated by
     torch if CUDA is in use, else the process's high-water RSS. Where the CPU's cannot be reset it is the peak
-    since the process started, named ``memory/peak_since_start_mb`` so it is not read as the step's."""
+    since the process started, named ``memory/peak_since_start_mb`` so it is not read as the step's. This rank's: the
+    loops log the largest over ranks (core/training/distributed.py ``mean_metrics``)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return {"memory/peak_mb": torch.cuda.max_memory_allocated() / 2**20}
     if _cpu_peak_resettable():

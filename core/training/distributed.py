@@ -10,11 +10,21 @@ no helper has to move a tensor to reduce it. On the CPU it is gloo alone
 """
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
+import socket
+import subprocess
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from core.errors import InputError
+
+
+class GlooAddressError(InputError):
+    """A multi-node world whose gloo group would bind to a loopback address (:func:`check_gloo_address`)."""
 
 
 def init(device: torch.device, timeout_s: float | None = None) -> tuple[int, int]:
@@ -27,6 +37,7 @@ def init(device: torch.device, timeout_s: float | None = None) -> tuple[int, int
     else:
         torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        check_gloo_address()
         timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         store = _attempt_store(timeout or dist.default_pg_timeout)
@@ -37,6 +48,77 @@ def init(device: torch.device, timeout_s: float | None = None) -> tuple[int, int
             dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
                                     timeout=timeout)
     return rank(), world()
+
+
+def gloo_default_address(host: str) -> str | None:
+    """The address gloo binds to when ``GLOO_SOCKET_IFNAME`` is unset: the first address ``host`` resolves to (any
+    family, stream sockets) that a socket can bind, or None, where gloo falls back to 127.0.0.1 (torch
+    ``ProcessGroupGloo::createDefaultDevice`` and ``doesHostnameResolveToUsableAddress``, c10d)."""
+    try:
+        found = socket.getaddrinfo(host, None, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except socket.gaierror:
+        return None
+    for family, kind, proto, _, address in found:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.bind(address)
+        except OSError:
+            continue
+        return address[0]
+    return None
+
+
+def check_gloo_address() -> None:
+    """Refuse a multi-node world (``LOCAL_WORLD_SIZE < WORLD_SIZE``, as torchrun and submitit export them) whose gloo
+    group would bind to a loopback address: with ``GLOO_SOCKET_IFNAME`` unset gloo binds to this host's name's address
+    (:func:`gloo_default_address`) and advertises it to every rank, and a node whose /etc/hosts maps its name to
+    127.0.1.1 (Debian's default) gives the others an address they cannot reach: the first metric or object collective
+    hangs until the timeout. Every helper here that reduces on the CPU runs over gloo, also beside NCCL."""
+    env = os.environ
+    world, local = int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_WORLD_SIZE") or 0)
+    if not 0 < local < world or env.get("GLOO_SOCKET_IFNAME"):
+        return
+    host = socket.gethostname()
+    address = gloo_default_address(host)
+    if address is not None and not ipaddress.ip_address(address.split("%")[0]).is_loopback:
+        return
+    resolved = f"resolves to {address}, a loopback address" if address else "resolves to no address it can bind"
+    master = env.get("MASTER_ADDR", "the first node")
+    via = route_interface(_ipv4(master)) if master != host else None
+    hint = f"; here the route to MASTER_ADDR={master} leaves through {via}: GLOO_SOCKET_IFNAME={via}" if via else ""
+    raise GlooAddressError(
+        f"this node's name {host!r} {resolved} and GLOO_SOCKET_IFNAME is not set: gloo, which carries every metric "
+        f"and object collective, would bind to {address or '127.0.0.1'} and the ranks on the other nodes of this "
+        f"{world}-rank world ({local} per node) could not reach it. Set GLOO_SOCKET_IFNAME to the network interface "
+        f"of this node that reaches the others (the one `ip route get <another node's address>` names{hint}), as "
+        f"launch/slurm.sbatch and the submitit launcher do, or map the name to that address in /etc/hosts")
+
+
+def _ipv4(host: str) -> str | None:
+    """``host``'s first IPv4 address, as ``getent ahostsv4`` gives it, or None."""
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, IndexError):
+        return None
+
+
+def route_interface(address: str | None) -> str | None:
+    """The network interface this host sends to ``address`` through (``ip -o route get``, iproute2), or None where
+    that cannot be told (no address, no ``ip``, no route) or it is the loopback one (``address`` is this host's own)."""
+    if not address:
+        return None
+    try:
+        out = subprocess.run(["ip", "-o", "route", "get", address], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    dev = re.search(r"\bdev (\S+)", out)
+    return dev.group(1) if dev and dev.group(1) != "lo" else None
+
+
+def peer_interface(peer: str) -> str | None:
+    """The interface that reaches node ``peer`` from here (its IPv4 address's route), or None: what
+    ``GLOO_SOCKET_IFNAME`` names on a node of a multi-node job (core/launch.py, launch/slurm.sbatch)."""
+    return route_interface(_ipv4(peer))
 
 
 def _attempt_store(timeout: timedelta):
@@ -136,10 +218,17 @@ def launch_agreed(key: str, value: str) -> str:
     return store.get(key).decode()
 
 
-def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """Average per-rank scalar metrics over ranks (every rank must hold the same keys); reduced on the CPU."""
-    if world() == 1 or not metrics:
-        return metrics
-    keys = sorted(metrics)
-    vals = all_sum(torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)) / world()
-    return dict(zip(keys, vals.tolist()))
+def mean_metrics(metrics: dict[str, float], peaks: dict[str, float] | None = None) -> dict[str, float]:
+    """Per-rank scalar ``metrics`` averaged over ranks, and ``peaks`` (a step's peak memory) their maximum over ranks,
+    the figure that must fit on every GPU; every rank must hold the same keys. One collective on the CPU: an
+    all-reduce of the sums, or, with ``peaks``, an all-gather of the ``[K]`` values that gives both."""
+    peaks = peaks or {}
+    if world() == 1 or not (metrics or peaks):
+        return {**metrics, **peaks}
+    keys, top = sorted(metrics), sorted(peaks)
+    vals = torch.tensor([float(metrics[k]) for k in keys] + [float(peaks[k]) for k in top], dtype=torch.float64)
+    if not top:
+        return dict(zip(keys, (all_sum(vals) / world()).tolist()))
+    every = gather_rows(vals[None])  # [W, K]
+    return {**dict(zip(keys, every[:, :len(keys)].mean(0).tolist())),
+            **dict(zip(top, every[:, len(keys):].amax(0).tolist()))}

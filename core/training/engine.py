@@ -189,7 +189,9 @@ def deepspeed_config(zero_cfg, optim_cfg, micro_batch: int, grad_accum: int, bf1
         "gradient_clipping": float(optim_cfg.max_grad_norm),
         "zero_allow_untested_optimizer": True,  # a torch AdamW client optimiser
         "zero_optimization": {"stage": int(zero_cfg.stage), **dict(zero_cfg.options)},
-        "bf16": {"enabled": bf16},
+        # DeepSpeed's own overflow check skips a step whose gradients are not finite, and train.on_nonfinite=skip
+        # relies on it (core/training/numerics.py); written, not left to DeepSpeed's default (true since 0.19.3)
+        "bf16": {"enabled": bf16, "check_grad_overflow": True},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -203,6 +205,33 @@ def deepspeed_config(zero_cfg, optim_cfg, micro_batch: int, grad_accum: int, bf1
     if zero_cfg.communication_data_type is not None:
         cfg["communication_data_type"] = zero_cfg.communication_data_type
     return cfg
+
+
+# The first DeepSpeed that skips the optimiser step of a non-finite gradient under every ZeRO stage and dtype we train
+# in, and reports its norm as inf: 0.19.8 (``is_invalid_grad_norm`` in ``stage_1_and_2.py``, ``stage3.py`` and
+# ``bf16_optimizer.py`` ``step``). Before it ZeRO-1/2 checked fp16, and bf16 by default from 0.19.3 (reporting a stale
+# norm), never fp32; ZeRO-3 fp16 alone: a NaN step wrote NaN into the fp32 master weights (docs/dependencies.md).
+# pyproject.toml's floor is this version; tests/test_floors.py holds them together.
+NONFINITE_SKIP_DEEPSPEED = "0.19.8"
+
+
+def deepspeed_version_problem() -> str | None:
+    """Why the installed DeepSpeed cannot train here (older than :data:`NONFINITE_SKIP_DEEPSPEED`), or None. Read
+    from the package's metadata, without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        found = version("deepspeed")
+    except PackageNotFoundError:
+        return "DeepSpeed is not installed here (pip install -e .)"
+    if Version(found) >= Version(NONFINITE_SKIP_DEEPSPEED):
+        return None
+    return (f"DeepSpeed {found} is installed and ZeRO needs deepspeed>={NONFINITE_SKIP_DEEPSPEED} (pyproject.toml): "
+            f"older releases step the optimiser on a non-finite gradient under ZeRO-3 and fp32 ZeRO-1/2 (bf16 ZeRO-1/2 "
+            f"before 0.19.3), writing NaN into the master weights train.on_nonfinite keeps finite; "
+            f"pip install 'deepspeed>={NONFINITE_SKIP_DEEPSPEED},<0.20', or train with zero=none")
 
 
 def deepspeed_distributed() -> None:
@@ -229,6 +258,9 @@ class DeepSpeedEngine:
                  partitioned: bool, per_step: int = 1):
         import deepspeed
 
+        problem = deepspeed_version_problem()  # the config check refuses it first (core/config/validate.py)
+        if problem:
+            raise RuntimeError(problem)
         deepspeed_distributed()
         params = [p for p in model.parameters() if p.requires_grad]
         bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.config import pipeline
 from core.models import reward_model as RM
 from core.training.checkpoint import CheckpointWriteError, checkpoint_dirs
 from core.training.numerics import NonFiniteError
@@ -125,11 +126,24 @@ def test_a_nan_reward_is_a_missing_one_not_a_fault(compose_cfg, tmp_path):
 RM_RUN = ("recipe=tiny_rm", "recipe_name=tiny_rm", "scale=tiny", "logger.progress=false", "logger.tensorboard=false")
 
 
-@pytest.mark.parametrize("mode, zero", [("stop", "none"), ("skip", "none"), slow("skip", "stage2")])
-def test_a_nan_loss_in_the_reward_model_loop(compose_cfg, tmp_path, monkeypatch, mode, zero):
+def _master(engine) -> list[torch.Tensor]:
+    """The weights the optimiser steps: DeepSpeed's fp32 master partitions (its public ``safe_get_full_fp32_param``),
+    the plain engine's fp32 copies of a bf16 model, or the parameters themselves."""
+    if hasattr(engine, "engine"):  # DeepSpeedEngine
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return [safe_get_full_fp32_param(p).clone() for p in engine.module.parameters()]
+    return [p.detach().clone() for p in (engine.master.master if engine.master else engine.module.parameters())]
+
+
+@pytest.mark.parametrize("mode, zero, dtype", [("stop", "none", "float32"), ("skip", "none", "float32"),
+                                               slow("skip", "stage2", "float32"), slow("skip", "stage2", "bfloat16"),
+                                               slow("skip", "stage3", "bfloat16")])
+def test_a_nan_loss_in_the_reward_model_loop(compose_cfg, tmp_path, monkeypatch, mode, zero, dtype):
     """A NaN reward-model output at step 2 makes the loss and the gradient NaN: no optimiser step is taken (the
-    weights stay as they were: the plain engine's guard, or DeepSpeed's overflow check under ZeRO), and the run stops
-    naming both, or skips the step and finishes."""
+    weights, the fp32 master weights and the schedule stay as they were: the plain engine's guard, or DeepSpeed's
+    overflow check under ZeRO, which skips a bf16 step under ZeRO-1/2/3 from DeepSpeed 0.19.8 only:
+    docs/dependencies.md), and the run stops naming both, or skips the step and finishes."""
     run_dir, real, holder = tmp_path / "run", RM.sequence_rewards, {}
 
     def nan_at_step_2(model, batch):
@@ -143,12 +157,15 @@ def test_a_nan_loss_in_the_reward_model_loop(compose_cfg, tmp_path, monkeypatch,
 
     monkeypatch.setattr(rm, "HydraConfig", Hydra)
     monkeypatch.setattr(RM, "sequence_rewards", nan_at_step_2)
+    monkeypatch.setattr(pipeline, "command_line_keys", lambda: ("model.dtype",))  # typed: scale=tiny keeps it
     run = holder["run"] = rm.setup(compose_cfg(*RM_RUN, f"paths.results_dir={tmp_path}",
-                                               f"train.on_nonfinite={mode}", f"zero={zero}"))
-    step, seen, weights = rm.rm_step, [], []
+                                               f"train.on_nonfinite={mode}", f"zero={zero}", f"model.dtype={dtype}"))
+    step, seen, weights, masters, schedule = rm.rm_step, [], [], [], []
 
     def recording(r):
-        weights.append([p.detach().clone() for p in r.engine.module.parameters()])
+        weights.append([t.clone() for _, t in r.engine.named_full_parameters()])  # gathered: ZeRO-3
+        masters.append(_master(r.engine))
+        schedule.append(r.engine.scheduler.last_epoch)
         seen.append(step(r))
         return seen[-1]
 
@@ -159,9 +176,16 @@ def test_a_nan_loss_in_the_reward_model_loop(compose_cfg, tmp_path, monkeypatch,
         assert len(seen) == 1 and [r["step"] for r in _records(run_dir) if "loss" in r] == [1]
     else:
         rm.train(run)
-        weights.append([p.detach().clone() for p in run.engine.module.parameters()])
+        weights.append([t.clone() for _, t in run.engine.named_full_parameters()])
+        masters.append(_master(run.engine))
+        schedule.append(run.engine.scheduler.last_epoch)
         assert [s["nonfinite/skipped"] for s in seen] == [0.0, 1.0, 0.0, 0.0]
-        assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[2]))  # step 2 left the weights alone
-        assert not all(torch.equal(a, b) for a, b in zip(weights[2], weights[3]))  # step 3 moved them
+        assert {p.dtype for p in weights[0]} == {getattr(torch, dtype)} and {m.dtype for m in masters[0]} == \
+            {torch.float32}
+        for kept in (weights, masters):
+            assert all(torch.equal(a, b) for a, b in zip(kept[1], kept[2]))  # step 2 left them alone
+            assert not all(torch.equal(a, b) for a, b in zip(kept[2], kept[3]))  # step 3 moved them
+            assert all(bool(torch.isfinite(t).all()) for t in kept[-1])
+        assert schedule == [0, 1, 1, 2, 3] and seen[1]["lr"] == seen[2]["lr"]  # the schedule waited with them
     saved = json.loads((run_dir / "nonfinite" / "step-2.json").read_text())
     assert saved["nonfinite"] == {"loss": [1, 1], "grad_norm": [1, 1]} and saved["rows"][0]["chosen"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
 from core.algorithms.advantage import ADVANTAGES
 from core.algorithms.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
@@ -155,3 +157,48 @@ def test_deepspeed_dtype_keys_compose_validate_and_refuse_by_name(compose_cfg):
     assert "zero.communication_data_type='float32': expected one of [None, 'fp16', 'bf16', 'fp32']" in msg
     msg = _error(compose_cfg("zero=none", "zero.grad_accum_dtype=fp32"))
     assert "zero.grad_accum_dtype=fp32 with zero.stage=0: it is a DeepSpeed setting" in msg
+
+
+def test_a_deepspeed_older_than_the_nonfinite_skip_is_refused(compose_cfg, monkeypatch):
+    """Below 0.19.8 DeepSpeed steps the optimiser on a NaN gradient under ZeRO-3 and fp32 ZeRO-1/2 (the slow cases of
+    tests/core/test_faults.py ``test_a_nan_loss_in_the_reward_model_loop`` fail there): a ZeRO run is refused before
+    any model is built, and the engine refuses it too; the plain engine does not need DeepSpeed."""
+    import importlib.metadata
+
+    from core.training import engine
+
+    real = importlib.metadata.version
+    installed = {"deepspeed": "0.19.7"}
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: installed.get(name) or real(name))
+    msg = _error(compose_cfg("zero=stage2"))
+    assert ("zero.stage=2: DeepSpeed 0.19.7 is installed and ZeRO needs deepspeed>=0.19.8 (pyproject.toml): older "
+            "releases step the optimiser on a non-finite gradient") in msg and "or train with zero=none" in msg
+    with pytest.raises(RuntimeError, match="DeepSpeed 0.19.7 is installed"):
+        engine.DeepSpeedEngine(torch.nn.Linear(2, 2), None, 1, 1, None, 1, False)
+    prepare(compose_cfg("zero=none"))
+    installed["deepspeed"] = engine.NONFINITE_SKIP_DEEPSPEED
+    prepare(compose_cfg("zero=stage2"))
+
+
+@pytest.mark.parametrize("have", ["flash_attention_2", "flash_attention_3"])
+def test_flash_attention_is_looked_for_where_transformers_looks(compose_cfg, monkeypatch, have):
+    """transformers runs flash_attention_3 from the flash-attn-3 package (``flash_attn_interface`` in 5.17), not from
+    flash-attn's ``flash_attn``: the check asks transformers' own ``is_flash_attn_N_available``, so flash-attn alone
+    does not pass FA3 and FA3 alone passes without flash-attn. Its answer is set here (no CUDA on this machine); the
+    model loaders ask the same before loading."""
+    from transformers import utils
+
+    from core.models.loading import require_attention
+
+    for n in ("2", "3"):
+        monkeypatch.setattr(utils, f"is_flash_attn_{n}_available", lambda n=n: have.endswith(n))
+    other = "flash_attention_3" if have == "flash_attention_2" else "flash_attention_2"
+    prepare(compose_cfg(f"model.attn_implementation={have}", "model.dtype=bfloat16"))
+    version = other[-1]
+    want = (f"model.attn_implementation={other}: transformers {transformers.__version__} finds no usable "
+            f"flash-attention {version} here (transformers.utils.is_flash_attn_{version}_available() is false")
+    assert want in _error(compose_cfg(f"model.attn_implementation={other}", "model.dtype=bfloat16"))
+    require_attention(have)
+    with pytest.raises(ImportError, match=r"flash-attn-3 \(flash-attention's hopper/ build" if version == "3" else
+                       r"flash-attn \(the gpu extra"):
+        require_attention(other)
