@@ -21,6 +21,7 @@ PHASES = ("generate", "logprobs", "update", "score")  # the planner's names (cor
 PACKAGES = ("torch", "transformers", "trl", "deepspeed", "datasets", "accelerate", "peft", "vllm", "flash-attn")
 COMMIT_STAMP = PROJECT_ROOT / ".gpu-kit" / "commit"  # where no git checkout travels (docs/performance.md)
 GiB = 2 ** 30
+CALIBRATION = "gpu_measured.json"  # the planner's calibration file (bench/plan_gpu.py), written beside the record
 
 
 def environment(device: str) -> dict:
@@ -108,6 +109,28 @@ class Report:
         self.out.mkdir(parents=True, exist_ok=True)
         _write(self.out / "gpu_check.json", json.dumps(_finite(self.data), indent=1) + "\n")
         _write(self.out / "gpu_check.md", "\n".join(markdown(self.data)) + "\n")
+        _write(self.out / CALIBRATION, json.dumps(_finite(calibration(self.data)), indent=1) + "\n")
+
+
+def calibration(d: dict) -> dict:
+    """The measured runs in the planner's calibration schema (bench/plan_gpu.py ``load``; docs/planner.md
+    "Calibration on a GPU"): what replaces bench/gpu_measured.json after a GPU run, so
+    tests/planning/test_gpu_calibration.py holds the planner to the newest measurements. Only the RL runs of
+    ``recipes.run`` (the ZeRO modes, the long completions): bench trl's side times its own loop. Each run's overrides
+    are what it ran with; ``predict_overrides`` what the planner needs beside them (the device's profile, the prompt
+    cap), as the ``predictions`` part gave them."""
+    runs = [{"name": name, "command": f"make gpu-check (bench/gpu_check.py), part {c['part']}",
+             "overrides": c["overrides"], "steps": f"median of {m['steps']} step(s) from step {m['first_step']}",
+             "seconds": {ph: round(sec, 4) for ph, sec in m["phase_seconds"].items()},
+             "peak_allocated_mib": round(m["peak_bytes"] / 2 ** 20), "notes": {"peak_allocated_mib": m["peak_source"]}}
+            for name, c in d["configs"].items() if c["part"] != "trl" and (m := c.get("measured"))]
+    keys = next((c["prediction_overrides"] for c in d["configs"].values() if c.get("prediction_overrides")), [])
+    dev = d["device"]
+    return {"schema": 1, "about": "written by make gpu-check (bench/gpu_check_report.py calibration)",
+            "source": f"make gpu-check, mode {d['mode']}", "date": d["date"][:10],
+            "device": {"name": dev["name"], "gpus": 1, "memory_mib": dev.get("memory_mib"), "driver": dev.get("driver")},
+            "versions": {k: v for k, v in d["versions"].items() if v is not None}, "commit": d["commit"]["sha"],
+            "predict_overrides": keys, "runs": runs}
 
 
 def _write(path: Path, text: str) -> None:

@@ -29,6 +29,19 @@ def _gpu_check(tmp_path, **env) -> tuple[dict, str]:
     return json.loads((out / "gpu_check.json").read_text()), (out / "gpu_check.md").read_text()
 
 
+def _assert_calibration_file(tmp_path, data: dict) -> None:
+    """The runs of ``recipes.run`` are written in the planner's calibration schema too (gpu_measured.json), which
+    bench/plan_gpu.py reads as it reads bench/gpu_measured.json: every measured phase and peak gets a prediction."""
+    from bench import plan_gpu
+
+    cal = plan_gpu.load(tmp_path / "out" / "gpu_measured.json")
+    runs = [n for n, c in data["configs"].items() if c["part"] != "trl"]
+    assert [r["name"] for r in cal["runs"]] == runs and cal["device"]["name"] == data["device"]["name"]
+    rows = plan_gpu.rows(cal)
+    assert len(rows) == len(runs) * (len(PHASES) + 1), rows  # each phase and the peak of each run
+    assert all(r["measured"] > 0 and r["predicted"] > 0 for r in rows), rows
+
+
 def _assert_complete(data: dict, md: str, zeros: list[str]) -> None:
     """Every part ran; every config has its measured and predicted figures, in the JSON and in the table."""
     names = [f"zero_{z}" for z in zeros]
@@ -59,6 +72,7 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     machine)."""
     data, md = _gpu_check(tmp_path, GPU_SMOKE_DEVICE="cpu", GPU_SMOKE_SHAPES="tiny", GPU_SMOKE_ZERO="none")
     _assert_complete(data, md, ["none"])
+    _assert_calibration_file(tmp_path, data)
 
 
 @pytest.mark.slow
