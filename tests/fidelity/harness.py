@@ -50,11 +50,13 @@ def check_rl(recipe: str, tmp: Path, driver: str, *overrides: str, timeout: int 
     src = SOURCES[recipe]
     py = env_python(src["env"])
     _run([sys.executable, "-m", "tests.fidelity.ours_rl", recipe, tmp, *REWARD, *overrides], timeout)
-    given = {"defaults": src.get("defaults", {})}
+    given = {"defaults": src.get("defaults", {}), **({"deviations": src["deviations"]} if "deviations" in src else {})}
     _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
     ours = torch.load(tmp / "ours.pt", weights_only=False)["steps"]
     theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
-    per_step = diffs(ours, theirs["steps"], load_file(tmp / "init" / "model.safetensors"))
+    critic = tmp / "init_critic" / "model.safetensors"  # PPO's value model before the first step
+    per_step = diffs(ours, theirs["steps"], load_file(tmp / "init" / "model.safetensors"),
+                     load_file(critic) if critic.exists() else None)
     return _conclude(recipe, {**given, "ran": theirs["versions"], "overrides": [*REWARD, *overrides]}, per_step, ours)
 
 

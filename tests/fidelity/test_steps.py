@@ -9,7 +9,7 @@ from core.paths import CONF_DIR
 from tests.fidelity.harness import SOURCES, check_rl, check_rm
 
 # The driver that runs each package's step code in its env.
-DRIVERS = {"trl": "trl_grpo.py", "verl": "verl_grpo.py"}
+DRIVERS = {"trl": "trl_grpo.py", "verl": "verl_grpo.py", "open_instruct": "open_instruct_rl.py"}
 RL_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] in DRIVERS)
 # Reward-model recipes checked against OpenRLHF's train_rm (tests/fidelity/openrlhf_rm.py).
 RM_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] == "openrlhf")
@@ -21,7 +21,7 @@ def test_every_named_recipe_says_how_it_is_checked():
     for recipe, src in SOURCES.items():
         assert src["check"] in ("step", "function"), recipe
         assert (src["check"] == "step") == (src["package"] is not None), recipe
-    assert len(RL_STEP) == 8 and len(RM_STEP) == 3
+    assert len(RL_STEP) == 11 and len(RM_STEP) == 3
 
 
 @pytest.mark.fidelity
