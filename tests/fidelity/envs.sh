@@ -97,7 +97,7 @@ oi_source() {  # oi_source COMMIT DEST: the commit's open_instruct/ into DEST/sr
     echo "envs.sh: $git has no commit $1 (OPEN_INSTRUCT_GIT: a git repository of $OI_URL)" >&2; exit 2
   fi
   mkdir -p "$2/src"
-  git --git-dir="$git" archive "$1" open_instruct | tar -x -C "$2/src"
+  git --git-dir="$git" archive "$1" open_instruct configs/ds_configs | tar -x -C "$2/src"
   echo "$1" > "$2/src/COMMIT"
   local site; site=$("$2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "$2/src" > "$site/open_instruct_src.pth"

@@ -60,19 +60,25 @@ def check_rl(recipe: str, tmp: Path, driver: str, *overrides: str, timeout: int 
     return _conclude(recipe, {**given, "ran": theirs["versions"], "overrides": [*REWARD, *overrides]}, per_step, ours)
 
 
-def check_rm(recipe: str, tmp: Path, timeout: int = 900) -> list[dict]:
-    """Our reward-model recipe's recorded optimiser steps (tests/fidelity/ours_rm.py) against OpenRLHF's own
-    ``train_rm`` (tests/fidelity/openrlhf_rm.py) run in the recipe's source env on the recipe's command; the per-step
-    differences, written to the report and asserted within tolerance and not vacuous. The source's first run builds
-    DeepSpeed's CPU Adam kernel (about 2 minutes, cached after)."""
+def check_rm(recipe: str, tmp: Path, driver: str, timeout: int = 900) -> list[dict]:
+    """Our reward-model recipe's recorded optimiser steps (tests/fidelity/ours_rm.py) against the source's own trainer
+    (``driver``: OpenRLHF's ``train_rm``, tests/fidelity/openrlhf_rm.py; Open-Instruct's ``reward_modeling.main``,
+    tests/fidelity/open_instruct_rm.py) run in the recipe's source env on the recipe's command; the per-step
+    differences, written to the report and asserted within tolerance and not vacuous. A source's first DeepSpeed run
+    builds its CPU Adam kernel (about 2 minutes, cached after)."""
     src = SOURCES[recipe]
     py = env_python(src["env"])
     _run([sys.executable, "-m", "tests.fidelity.ours_rm", recipe, tmp], timeout)
     given = {"defaults": src.get("defaults", {}), "deviations": src.get("deviations", {})}
-    _run([py, HERE / "openrlhf_rm.py", PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
+    _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
     ours = torch.load(tmp / "ours.pt", weights_only=False)
-    theirs = torch.load(tmp / "openrlhf.pt", weights_only=False)
+    theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
     per_step = rm_diffs(ours, theirs)
+    if "head_kept" in theirs:  # Open-Instruct: the head its layer_init leaves is the one our head_init must give
+        expected = "transformers" if theirs["head_kept"] else "inv_sqrt_hidden"
+        assert ours["meta"]["head_init"] == expected, (
+            f"{recipe}: the source's layer_init {'left' if theirs['head_kept'] else 'replaced'} the checkpoint's head; "
+            f"train.head_init is {ours['meta']['head_init']}, the source's behaviour is {expected}")
     return _conclude(recipe, {**given, "ran": theirs["versions"], "overrides": [], "argv": theirs["argv"]}, per_step,
                      ours["steps"])
 

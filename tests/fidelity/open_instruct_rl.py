@@ -197,9 +197,18 @@ def prompts_dataset(mod, ours: list[dict], tokenizer, data_cfg):
 def their_tokenizer(mod, path: Path, data_cfg, model_cfg):
     """The tokenizer as the script's ``main`` makes it. Release (ppo_vllm_thread_ray_gtrl.py ``main``): right padding,
     a ``[PAD]`` token added (its Llama branch compares a list to a string and never fires) and the ``--chat_template``;
-    GRPO: ``TokenizerConfig(...).tokenizer`` with ``--chat_template_name``."""
+    GRPO: ``TokenizerConfig(...).tokenizer`` with ``--chat_template_name``. Either way the pad is a token the policy
+    never samples (get_reward and forward treat every pad id as padding)."""
     if hasattr(mod, "TokenizerConfig"):
-        return mod.TokenizerConfig(model_name_or_path=str(path), revision=None, use_fast=True,
+        # Our tiny tokenizer names an in-vocabulary pad, which the random tiny policy samples; a Llama 3.1 checkpoint
+        # has none, and get_tokenizer_tulu_v1 adds "<pad>" past the vocabulary the policy samples. So the source gets
+        # the tiny tokenizer without its pad and adds its own, as it does for the checkpoint.
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path))
+        tok.pad_token = None
+        tok.save_pretrained(path / "without_pad")
+        return mod.TokenizerConfig(model_name_or_path=str(path / "without_pad"), revision=None, use_fast=True,
                                    chat_template_name=model_cfg.chat_template_name, add_bos=model_cfg.add_bos).tokenizer
     from transformers import AutoTokenizer
 
@@ -361,13 +370,18 @@ def main(command_file: str, ours_dir: str, given: str = "{}") -> None:
     torch.save({"versions": versions, "args": vars(args), "steps": record}, out / "open_instruct.pt")
 
 
-if __name__ == "__main__":
+def run(main_fn, usage: str) -> None:
+    """``main_fn(*argv)``, exiting whatever threads it left (the learner's generation thread waits on its queue)."""
     if len(sys.argv) not in (3, 4):
-        sys.exit("usage: python tests/fidelity/open_instruct_rl.py COMMAND OURS_DIR [GIVEN_JSON]")
+        sys.exit(usage)
     try:
-        main(*sys.argv[1:])
-    except BaseException:  # the learner's generation thread waits on its queue: exit whatever it holds
+        main_fn(*sys.argv[1:])
+    except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
     os._exit(0)
+
+
+if __name__ == "__main__":
+    run(main, "usage: python tests/fidelity/open_instruct_rl.py COMMAND OURS_DIR [GIVEN_JSON]")
