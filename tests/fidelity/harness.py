@@ -14,7 +14,8 @@ import torch
 import yaml
 
 from core.paths import PROJECT_ROOT
-from tests.fidelity.compare import TOL, diffs, failures, rm_diffs, vacuous
+from tests.fidelity.compare import (ENGINE_TOL, TOL, diffs, engine_failures, engine_rm_diffs, failures, rm_diffs,
+                                    vacuous)
 
 HERE = Path(__file__).parent
 SOURCES: dict[str, dict] = yaml.safe_load((HERE / "sources.yaml").read_text())
@@ -93,4 +94,28 @@ def _conclude(recipe: str, ran: dict, per_step: list[dict], ours: list[dict]) ->
     (REPORT_DIR / f"{recipe}.json").write_text(json.dumps(report, indent=1))
     problems = failures(per_step) + vacuous(per_step, ours)
     assert not problems, f"{recipe} against {src['package']} {src['version']}:\n" + "\n".join(problems)
+    return per_step
+
+
+def check_rm_engine(recipe: str, tmp: Path, driver: str, timeout: int = 900) -> list[dict]:
+    """The reward-model check again at the source's engine (sources.yaml ``engine``: dtype, ZeRO stage, ranks): ours
+    under torchrun at that dtype and stage, the source's driver under torchrun at its own (bf16: its DeepSpeed bf16
+    with fp32 master weights); compared with :data:`tests.fidelity.compare.ENGINE_TOL`, written to
+    ``$FIDELITY_REPORT/engine/<recipe>.json``."""
+    src = SOURCES[recipe]
+    eng, py = src["engine"], env_python(src["env"])
+    ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={eng['ranks']}"]
+    _run([sys.executable, *ranks, "-m", "tests.fidelity.ours_rm", recipe, tmp, f"zero={eng['zero']}",
+          f"model.dtype={eng['dtype']}"], timeout)
+    given = {"deviations": src.get("deviations", {}), "engine": {"dtype": eng["dtype"]}}
+    _run([py, *ranks, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
+    ours = torch.load(tmp / "ours.pt", weights_only=False)
+    theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
+    per_step = engine_rm_diffs(ours, theirs)
+    (REPORT_DIR / "engine").mkdir(parents=True, exist_ok=True)
+    report = {"recipe": recipe, "package": src["package"], "version": src["version"], "engine": eng,
+              "ran": theirs["versions"], "tolerance": ENGINE_TOL, "steps": per_step}
+    (REPORT_DIR / "engine" / f"{recipe}.json").write_text(json.dumps(report, indent=1))
+    problems = engine_failures(per_step) + vacuous(per_step, ours["steps"])
+    assert not problems, f"{recipe} against {src['package']} {src['version']} at {eng}:\n" + "\n".join(problems)
     return per_step

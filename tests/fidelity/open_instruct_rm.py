@@ -35,13 +35,14 @@ from pathlib import Path
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 # LOCAL_SIZE: the ranks on this node, which DeepSpeed's CPU accelerator otherwise counts with numactl
-for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_SIZE": "1",
-                   "MASTER_ADDR": "127.0.0.1"}.items():
+# (torchrun sets the ranks' variables for an engine check on several ranks; one rank otherwise)
+for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                   "LOCAL_SIZE": os.environ.get("LOCAL_WORLD_SIZE", "1"), "MASTER_ADDR": "127.0.0.1"}.items():
     os.environ.setdefault(key, value)
 
 import torch  # noqa: E402
 
-from tests.fidelity.open_instruct_rl import free_port, gathered, run  # noqa: E402
+from tests.fidelity.open_instruct_rl import free_port, run  # noqa: E402
 from tests.fidelity.their_init import v4_folder  # noqa: E402
 
 
@@ -60,7 +61,8 @@ def launch_env(launcher: list[str], src: Path, mixed_precision: str) -> None:
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
     argv = [w if not w.startswith("configs/") else str(src / w) for w in launcher]
-    args = launch_command_parser().parse_args([*argv, "--num_processes", "1", "--mixed_precision", mixed_precision,
+    world = os.environ["WORLD_SIZE"]
+    args = launch_command_parser().parse_args([*argv, "--num_processes", world, "--mixed_precision", mixed_precision,
                                                "reward_modeling.py"])
     args, defaults, mp_from_config = _validate_launch_command(args)
     # as launch_command does before deepspeed_launcher (accelerate 0.31 commands/launch.py): the config's DeepSpeed
@@ -98,7 +100,7 @@ def feed(rm, ours: dict, record: dict) -> None:
 
     built, layer_init, loader = [], rm.layer_init, rm.DataLoader
     load = rm.AutoModelForSequenceClassification.from_pretrained
-    order = [i for s in ours["steps"] for i in s["order"]]
+    order = [i for s in ours["steps"] for i in _sharded(s, ours["meta"])]
 
     def from_pretrained(*args, **kwargs):
         built.append(load(*args, **kwargs))
@@ -130,6 +132,20 @@ def feed(rm, ours: dict, record: dict) -> None:
 
     rm.AutoModelForSequenceClassification = types.SimpleNamespace(from_pretrained=from_pretrained)
     rm.layer_init, rm.DataLoader = initialised, data_loader
+
+
+def _sharded(step: dict, meta: dict) -> list[int]:
+    """A step's pairs in the order the source's sharded ``DataLoader`` hands them out so that each rank trains our
+    rank's micro-batches: accelerate gives process r batches r, r + world, ... (``BatchSamplerShard``)."""
+    ranks, m = step.get("rank_orders", [step["order"]]), meta["micro_batch_size"]
+    return [i for k in range(meta["grad_accum"]) for r in ranks for i in r[k * m:(k + 1) * m]]
+
+
+def master_weights(engine) -> dict:
+    """The fp32 master weights of a DeepSpeed engine, gathered (a collective: every rank calls it)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    return {n: safe_get_full_fp32_param(p).detach().float().clone() for n, p in engine.module.named_parameters()}
 
 
 def ours_shapes(weights: dict, init: dict) -> dict:
@@ -164,7 +180,7 @@ def instrument(rm, record: dict, our_pad: int) -> None:
         out = step(engine, *args, **kwargs)
         if boundary:
             s = record["steps"][-1]
-            s.update(grad_norm=[float(engine.get_global_grad_norm())], lr=[float(lr)], weights=gathered(engine.module))
+            s.update(grad_norm=[float(engine.get_global_grad_norm())], lr=[float(lr)], weights=master_weights(engine))
             record["steps"].append({"micro": []})
         return out
 
@@ -190,8 +206,15 @@ def main(command_file: str, ours_dir: str, given: str = "{}") -> None:
     feed(rm, ours, record)
     instrument(rm, record, json.loads((out / "init" / "config.json").read_text()).get("pad_token_id") or 0)
     rm.main(args, data_cfg, model_cfg)
-    record["steps"] = [{**s, "weights": ours_shapes(s["weights"], ours["init"])} for s in record["steps"]
-                       if "weights" in s]
+    steps = [s for s in record["steps"] if "weights" in s]
+    every = [[s["micro"] for s in steps]]
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:  # every rank's, in rank order
+        every = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(every, [s["micro"] for s in steps])
+        if torch.distributed.get_rank():
+            return
+    record["steps"] = [{**s, "micro": [m for r in every for m in r[i]],
+                        "weights": ours_shapes(s["weights"], ours["init"])} for i, s in enumerate(steps)]
     versions = {"open_instruct": (src / "COMMIT").read_text().strip()[:8],
                 "transformers": sys.modules["transformers"].__version__,
                 "deepspeed": sys.modules["deepspeed"].__version__, "torch": torch.__version__,

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from tests.fidelity.compare import diffs, failures, rm_diffs, vacuous
+from tests.fidelity.compare import diffs, engine_failures, engine_rm_diffs, failures, rm_diffs, vacuous
 
 
 def _record(seed: int = 0) -> tuple[list[dict], dict]:
@@ -121,3 +121,19 @@ def test_a_critic_is_compared_by_its_loss_gradient_and_weights():
         theirs[0]["micro"][0]["value_loss"] = 0.05
         change(theirs[0])
         assert [line.split()[2] for line in failures(diffs(ours, theirs, init, critic))] == [name], name
+
+
+def test_an_engine_check_holds_bf16_figures_to_units_of_bf16():
+    # rewards one bf16 unit apart pass (each side's are bf16 values), three fail; so does a master-weight change that
+    # differs by a fifth of itself
+    ours, theirs = _rm_record()
+    ours["steps"][0]["weights"] = {"w": ours["init"]["w"] + 1e-6 * torch.ones(3, 2)}
+    theirs["steps"][0]["weights"] = {"w": ours["steps"][0]["weights"]["w"].clone()}
+    one_unit = 2.0 ** -7 * 0.3  # the largest reward is 0.3
+    theirs["steps"][0]["micro"][0]["rewards"] = theirs["steps"][0]["micro"][0]["rewards"] + one_unit
+    assert engine_failures(engine_rm_diffs(ours, theirs)) == []
+    theirs["steps"][0]["micro"][0]["rewards"] += 2 * one_unit
+    assert [line.split()[2] for line in engine_failures(engine_rm_diffs(ours, theirs))] == ["rewards"]
+    theirs["steps"][0]["micro"][0]["rewards"] -= 3 * one_unit
+    theirs["steps"][0]["weights"]["w"] += 2e-7
+    assert [line.split()[2] for line in engine_failures(engine_rm_diffs(ours, theirs))] == ["weights_l2"]

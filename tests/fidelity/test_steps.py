@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 
 from core.paths import CONF_DIR
-from tests.fidelity.harness import SOURCES, check_rl, check_rm
+from tests.fidelity.harness import SOURCES, check_rl, check_rm, check_rm_engine
 
 # The driver that runs each package's step code in its env.
 DRIVERS = {"trl": "trl_grpo.py", "verl": "verl_grpo.py", "open_instruct": "open_instruct_rl.py"}
 # Reward-model recipes' drivers (sources.yaml ``driver``, else OpenRLHF's train_rm: tests/fidelity/openrlhf_rm.py).
 RM_STEP = sorted(r for r, s in SOURCES.items()
                  if s["check"] == "step" and (s["package"] == "openrlhf" or s.get("driver", "").endswith("_rm.py")))
+# Checked again at the source's engine (sources.yaml ``engine``: bf16, fp32 master weights, its ZeRO stage, 2 ranks).
+ENGINE = sorted(r for r, s in SOURCES.items() if "engine" in s)
 RL_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] in DRIVERS and r not in RM_STEP)
 
 
@@ -36,4 +38,11 @@ def test_rl_steps_match_the_source(recipe, tmp_path):
 @pytest.mark.parametrize("recipe", RM_STEP)
 def test_rm_steps_match_the_source(recipe, tmp_path):
     per_step = check_rm(recipe, tmp_path, SOURCES[recipe].get("driver", "openrlhf_rm.py"))
+    assert len(per_step) == 3
+
+
+@pytest.mark.fidelity
+@pytest.mark.parametrize("recipe", ENGINE)
+def test_engine_steps_match_the_source(recipe, tmp_path):
+    per_step = check_rm_engine(recipe, tmp_path, SOURCES[recipe].get("driver", "openrlhf_rm.py"))
     assert len(per_step) == 3
