@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Build one virtual environment per source framework release, for the fidelity checks (docs/fidelity.md).
-#   tests/fidelity/envs.sh [trl|verl|openrlhf|all] ...     (default: all = trl verl openrlhf, every env a check drives)
+#   tests/fidelity/envs.sh [trl|verl|openrlhf|open_instruct|all] ...   (default: all, every env a check drives)
 # Each env lives in $FIDELITY_ENVS/<name> (default /tmp/rlr-fidelity-envs; never the project's .venv) and is
 # built once: a complete env carries a .ok stamp, a half-built one is removed and rebuilt.
 # torch is the CPU wheel every env shares (torch==2.13.0, the project's TORCH_SPEC); the sources pinned older
 # torch builds for CUDA (Open-R1 torch 2.6.0, SimpleRL-Zoo torch 2.4.0), which the step code does not depend on.
 set -euo pipefail
 PY=${PY:-python3}
-HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=${FIDELITY_ENVS:-/tmp/rlr-fidelity-envs}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 mkdir -p "$ROOT"
@@ -45,20 +44,27 @@ build_verl() {
   bert_padding "$py"
 }
 
-# flash-attn's CUDA kernels cannot build here (nor can pip prepare its source distribution without CUDA);
-# dp_actor.py imports only its flash_attn/bert_padding.py (torch and einops), OpenRLHF's models that and
-# flash_attn/utils/distributed.py (torch). Those files, verbatim from flash-attn (tests/fidelity/vendor/:
-# bert_padding.py of v2.7.4.post1, the same in v2.8.3; distributed.py of v2.8.3), go under empty __init__.py files
-# (the real flash_attn/__init__.py loads the kernels). The checks run the padded path (use_remove_padding=False),
-# which calls none of it.
+# flash-attn's CUDA kernels cannot build here; dp_actor.py imports only its flash_attn/bert_padding.py (torch and
+# einops), OpenRLHF's models that and flash_attn/utils/distributed.py (torch). Both files come from flash-attn's own
+# source distribution (2.8.3, OpenRLHF 0.9.0's pin; bert_padding.py is the same in 2.7.4.post1): pip downloads it,
+# preparing its metadata without CUDA (FLASH_ATTENTION_SKIP_CUDA_BUILD, this env's torch), and the two files go
+# under empty __init__.py files (the real flash_attn/__init__.py loads the kernels). The checks run the padded path
+# (use_remove_padding=False), which calls none of it.
 bert_padding() {
-  local py=$1 site
+  local py=$1 site tmp src
   site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  tmp=$(mktemp -d)
+  "$py" -m pip install --quiet setuptools wheel packaging psutil ninja
+  FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE "$py" -m pip download --quiet --no-deps --no-build-isolation -d "$tmp" \
+    "flash-attn==2.8.3"
+  tar -xzf "$tmp/flash_attn-2.8.3.tar.gz" -C "$tmp"
+  src="$tmp/flash_attn-2.8.3/flash_attn"
   mkdir -p "$site/flash_attn/utils"
-  cp "$HERE/vendor/flash_attn/bert_padding.py" "$site/flash_attn/"
-  cp "$HERE/vendor/flash_attn/utils/distributed.py" "$site/flash_attn/utils/"
+  cp "$src/bert_padding.py" "$site/flash_attn/"
+  cp "$src/utils/distributed.py" "$site/flash_attn/utils/"
   : > "$site/flash_attn/__init__.py"
   : > "$site/flash_attn/utils/__init__.py"
+  rm -rf "$tmp"
 }
 
 # OpenRLHF 0.9.0, the release the RM recipes cite (train_rm_llama.sh @v0.9.0 06ab51e). --no-deps: its
@@ -75,6 +81,59 @@ build_openrlhf() {
   "$py" -c "from openrlhf.cli import train_rm; from openrlhf.utils.deepspeed import DeepspeedStrategy"
 }
 
+# ---- Open-Instruct (issue 41): one env per cited commit of allenai/open-instruct, its code from git ----
+# Open-Instruct is not a package: its scripts run from a clone. The env takes the cited commit's open_instruct/ from a
+# git repository of allenai/open-instruct, $OPEN_INSTRUCT_GIT (a clone's .git or a bare mirror; default
+# $FIDELITY_ENVS/open-instruct.git, cloned bare from GitHub when missing), with `git archive COMMIT open_instruct`
+# into $env/src (a .pth file puts it on the path; COMMIT records which), never into this tree. Each env holds the
+# commit's pins (requirements.txt) of what its step code imports; left out, as for OpenRLHF, what a CPU cannot import
+# (vllm, flash-attn, bitsandbytes) and what only launches (ray, wandb, beaker): the drivers
+# (tests/fidelity/open_instruct_*.py) put a stand-in for each in place, each one justified there.
+OI_URL=https://github.com/allenai/open-instruct
+oi_source() {  # oi_source COMMIT DEST: the commit's open_instruct/ into DEST/src, its id into DEST/src/COMMIT
+  local git=${OPEN_INSTRUCT_GIT:-$ROOT/open-instruct.git}
+  if [[ ! -d "$git" ]]; then git clone --quiet --bare "$OI_URL" "$git" >&2; fi
+  if ! git --git-dir="$git" cat-file -e "$1^{commit}" 2>/dev/null; then
+    echo "envs.sh: $git has no commit $1 (OPEN_INSTRUCT_GIT: a git repository of $OI_URL)" >&2; exit 2
+  fi
+  mkdir -p "$2/src"
+  git --git-dir="$git" archive "$1" open_instruct configs/ds_configs | tar -x -C "$2/src"
+  echo "$1" > "$2/src/COMMIT"
+  local site; site=$("$2/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$2/src" > "$site/open_instruct_src.pth"
+}
+
+# 3dd7a07d (2024-11-21), the Tulu 3 release: reward_modeling.py and ppo_vllm_thread_ray_gtrl.py. Its pins
+# (requirements.txt) of what the step imports: transformers 4.43.4, tokenizers 0.19.1, deepspeed 0.15.0, accelerate
+# 0.31.0, antlr4 4.11.0; datasets unpinned (3.1.0, the release of that month). torch is the shared CPU build, kept by
+# naming it in the same install: the commit's sympy pin (1.12.0, for its math verifier, not the step) would take pip
+# back to a CUDA torch 2.4; sympy is left to torch's requirement.
+build_oi_release() {
+  local py; py=$(fresh open-instruct-3dd7a07d)
+  "$py" -m pip install --quiet "$TORCH_SPEC" "transformers==4.43.4" "tokenizers==0.19.1" "accelerate==0.31.0" \
+    "datasets==3.1.0" "numpy<2" "pyarrow<20" "antlr4-python3-runtime==4.11.0" nltk langdetect immutabledict rich \
+    pandas matplotlib tensorboard python-dateutil requests packaging setuptools wheel ninja py-cpuinfo psutil hjson \
+    pydantic msgpack einops
+  "$py" -m pip install --quiet --no-build-isolation "deepspeed==0.15.0"
+  oi_source 3dd7a07da07e78550e7be48a7d317ec3d9c9cd6d "$ROOT/open-instruct-3dd7a07d"
+  DS_ACCELERATOR=cpu "$py" -c "import open_instruct.reward_modeling, open_instruct.model_utils, deepspeed"
+}
+
+# c8b66a0e (2025-02-12), the Tulu 3.1 GRPO recipe's: grpo_vllm_thread_ray_gtrl.py. Its pins (requirements.txt) of
+# what the step imports: transformers 4.47.1, tokenizers 0.21.0, deepspeed 0.15.4, accelerate 1.2.1, datasets
+# 3.2.0, numpy 1.26.4, antlr4 4.11.0 (torch and sympy as for 3dd7a07d: its sympy 1.13.1 pin means a CUDA torch 2.6).
+build_oi_grpo() {
+  local py; py=$(fresh open-instruct-c8b66a0e)
+  "$py" -m pip install --quiet "$TORCH_SPEC" "transformers==4.47.1" "tokenizers==0.21.0" "accelerate==1.2.1" \
+    "datasets==3.2.0" "numpy==1.26.4" "pyarrow<20" "antlr4-python3-runtime==4.11.0" nltk langdetect immutabledict \
+    "rich==13.9.4" "pandas==2.2.3" matplotlib tensorboard python-dateutil requests packaging setuptools wheel ninja \
+    py-cpuinfo psutil hjson pydantic msgpack einops
+  "$py" -m pip install --quiet --no-build-isolation "deepspeed==0.15.4"
+  oi_source c8b66a0e34efa3a891d4773bcfa40250498f3373 "$ROOT/open-instruct-c8b66a0e"
+  DS_ACCELERATOR=cpu "$py" -c "import open_instruct.model_utils, open_instruct.dataset_transformation, deepspeed"
+}
+# ---- end Open-Instruct ----
+
 build() {  # build NAME FUNC: once; a build cut short leaves no stamp and is redone
   local dir="$ROOT/$1"
   if [[ -f "$dir/.ok" ]]; then echo "fidelity env $1: ready ($dir)"; return; fi
@@ -83,12 +142,13 @@ build() {  # build NAME FUNC: once; a build cut short leaves no stamp and is red
   touch "$dir/.ok"
 }
 
-targets=("$@"); [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]] && targets=(trl verl openrlhf)
+targets=("$@"); [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]] && targets=(trl verl openrlhf open_instruct)
 for t in "${targets[@]}"; do
   case "$t" in
     trl) build trl-0.18.0 build_trl ;;
     verl) build verl-0.2.0.post2 build_verl ;;
     openrlhf) build openrlhf-0.9.0 build_openrlhf ;;
-    *) echo "envs.sh: unknown env '$t' (expected trl, verl, openrlhf or all)" >&2; exit 2 ;;
+    open_instruct) build open-instruct-3dd7a07d build_oi_release; build open-instruct-c8b66a0e build_oi_grpo ;;
+    *) echo "envs.sh: unknown env '$t' (expected trl, verl, openrlhf, open_instruct or all)" >&2; exit 2 ;;
   esac
 done

@@ -14,7 +14,8 @@ import torch
 import yaml
 
 from core.paths import PROJECT_ROOT
-from tests.fidelity.compare import TOL, diffs, failures, rm_diffs, vacuous
+from tests.fidelity.compare import (ENGINE_TOL, TOL, diffs, engine_failures, engine_rm_diffs, failures, rm_diffs,
+                                    vacuous)
 
 HERE = Path(__file__).parent
 SOURCES: dict[str, dict] = yaml.safe_load((HERE / "sources.yaml").read_text())
@@ -50,27 +51,35 @@ def check_rl(recipe: str, tmp: Path, driver: str, *overrides: str, timeout: int 
     src = SOURCES[recipe]
     py = env_python(src["env"])
     _run([sys.executable, "-m", "tests.fidelity.ours_rl", recipe, tmp, *REWARD, *overrides], timeout)
-    given = {"defaults": src.get("defaults", {})}
+    given = {"defaults": src.get("defaults", {}), **({"deviations": src["deviations"]} if "deviations" in src else {})}
     _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
     ours = torch.load(tmp / "ours.pt", weights_only=False)["steps"]
     theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
-    per_step = diffs(ours, theirs["steps"], load_file(tmp / "init" / "model.safetensors"))
+    critic = tmp / "init_critic" / "model.safetensors"  # PPO's value model before the first step
+    per_step = diffs(ours, theirs["steps"], load_file(tmp / "init" / "model.safetensors"),
+                     load_file(critic) if critic.exists() else None)
     return _conclude(recipe, {**given, "ran": theirs["versions"], "overrides": [*REWARD, *overrides]}, per_step, ours)
 
 
-def check_rm(recipe: str, tmp: Path, timeout: int = 900) -> list[dict]:
-    """Our reward-model recipe's recorded optimiser steps (tests/fidelity/ours_rm.py) against OpenRLHF's own
-    ``train_rm`` (tests/fidelity/openrlhf_rm.py) run in the recipe's source env on the recipe's command; the per-step
-    differences, written to the report and asserted within tolerance and not vacuous. The source's first run builds
-    DeepSpeed's CPU Adam kernel (about 2 minutes, cached after)."""
+def check_rm(recipe: str, tmp: Path, driver: str, timeout: int = 900) -> list[dict]:
+    """Our reward-model recipe's recorded optimiser steps (tests/fidelity/ours_rm.py) against the source's own trainer
+    (``driver``: OpenRLHF's ``train_rm``, tests/fidelity/openrlhf_rm.py; Open-Instruct's ``reward_modeling.main``,
+    tests/fidelity/open_instruct_rm.py) run in the recipe's source env on the recipe's command; the per-step
+    differences, written to the report and asserted within tolerance and not vacuous. A source's first DeepSpeed run
+    builds its CPU Adam kernel (about 2 minutes, cached after)."""
     src = SOURCES[recipe]
     py = env_python(src["env"])
     _run([sys.executable, "-m", "tests.fidelity.ours_rm", recipe, tmp], timeout)
     given = {"defaults": src.get("defaults", {}), "deviations": src.get("deviations", {})}
-    _run([py, HERE / "openrlhf_rm.py", PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
+    _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
     ours = torch.load(tmp / "ours.pt", weights_only=False)
-    theirs = torch.load(tmp / "openrlhf.pt", weights_only=False)
+    theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
     per_step = rm_diffs(ours, theirs)
+    if "head_kept" in theirs:  # Open-Instruct: the head its layer_init leaves is the one our head_init must give
+        expected = "transformers" if theirs["head_kept"] else "inv_sqrt_hidden"
+        assert ours["meta"]["head_init"] == expected, (
+            f"{recipe}: the source's layer_init {'left' if theirs['head_kept'] else 'replaced'} the checkpoint's head; "
+            f"train.head_init is {ours['meta']['head_init']}, the source's behaviour is {expected}")
     return _conclude(recipe, {**given, "ran": theirs["versions"], "overrides": [], "argv": theirs["argv"]}, per_step,
                      ours["steps"])
 
@@ -85,4 +94,28 @@ def _conclude(recipe: str, ran: dict, per_step: list[dict], ours: list[dict]) ->
     (REPORT_DIR / f"{recipe}.json").write_text(json.dumps(report, indent=1))
     problems = failures(per_step) + vacuous(per_step, ours)
     assert not problems, f"{recipe} against {src['package']} {src['version']}:\n" + "\n".join(problems)
+    return per_step
+
+
+def check_rm_engine(recipe: str, tmp: Path, driver: str, timeout: int = 900) -> list[dict]:
+    """The reward-model check again at the source's engine (sources.yaml ``engine``: dtype, ZeRO stage, ranks): ours
+    under torchrun at that dtype and stage, the source's driver under torchrun at its own (bf16: its DeepSpeed bf16
+    with fp32 master weights); compared with :data:`tests.fidelity.compare.ENGINE_TOL`, written to
+    ``$FIDELITY_REPORT/engine/<recipe>.json``."""
+    src = SOURCES[recipe]
+    eng, py = src["engine"], env_python(src["env"])
+    ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={eng['ranks']}"]
+    _run([sys.executable, *ranks, "-m", "tests.fidelity.ours_rm", recipe, tmp, f"zero={eng['zero']}",
+          f"model.dtype={eng['dtype']}"], timeout)
+    given = {"deviations": src.get("deviations", {}), "engine": {"dtype": eng["dtype"]}}
+    _run([py, *ranks, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
+    ours = torch.load(tmp / "ours.pt", weights_only=False)
+    theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
+    per_step = engine_rm_diffs(ours, theirs)
+    (REPORT_DIR / "engine").mkdir(parents=True, exist_ok=True)
+    report = {"recipe": recipe, "package": src["package"], "version": src["version"], "engine": eng,
+              "ran": theirs["versions"], "tolerance": ENGINE_TOL, "steps": per_step}
+    (REPORT_DIR / "engine" / f"{recipe}.json").write_text(json.dumps(report, indent=1))
+    problems = engine_failures(per_step) + vacuous(per_step, ours["steps"])
+    assert not problems, f"{recipe} against {src['package']} {src['version']} at {eng}:\n" + "\n".join(problems)
     return per_step

@@ -31,7 +31,6 @@ import json
 import os
 import runpy
 import shlex
-import shutil
 import socket
 import sys
 from importlib import metadata
@@ -45,13 +44,14 @@ for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_AD
     os.environ.setdefault(key, value)
 
 import torch  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 import deepspeed  # noqa: E402
 import openrlhf.models  # noqa: E402
 from openrlhf.trainer.rm_trainer import RewardModelTrainer  # noqa: E402
 from openrlhf.utils.deepspeed import deepspeed as ds_strategy  # noqa: E402
 from openrlhf.utils.distributed_sampler import DistributedSampler  # noqa: E402
+
+from tests.fidelity.their_init import v4_folder  # noqa: E402
 
 # Flags whose values the CPU and the tiny scale set (the rest of the command is the source's): fp32 and sdpa (no
 # bf16 or flash-attn on the CPU), padded forwards (packing needs flash attention), the tiny run's batch shape and
@@ -104,21 +104,8 @@ def cli_args(flags: list[str], meta: dict, init: Path, out: Path, deviations: di
 
 
 def their_init(ours_dir: Path) -> Path:
-    """``OURS_DIR/init`` readable by transformers 4.57: the same config and weights, and the same ``tokenizer.json``,
-    chat template and specials as a 4.57 ``PreTrainedTokenizerFast`` (4.57 cannot read v5's ``TokenizersBackend``
-    class, nor its list of extra special tokens)."""
-    src, dst = ours_dir / "init", ours_dir / "openrlhf_init"
-    dst.mkdir(exist_ok=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(src / name, dst / name)
-    conf = json.loads((src / "tokenizer_config.json").read_text())
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(src / "tokenizer.json"), padding_side=conf["padding_side"],
-                                  additional_special_tokens=conf.get("extra_special_tokens") or [],
-                                  clean_up_tokenization_spaces=conf["clean_up_tokenization_spaces"],
-                                  **{k: conf.get(k) for k in ("pad_token", "eos_token", "bos_token", "unk_token")})
-    tok.chat_template = (src / "chat_template.jinja").read_text()
-    tok.save_pretrained(dst)
-    return dst
+    """``OURS_DIR/init`` readable by transformers 4.57 (tests/fidelity/their_init.py)."""
+    return v4_folder(ours_dir / "init", ours_dir / "openrlhf_init")
 
 
 def gathered_state(model) -> dict:

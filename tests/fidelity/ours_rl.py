@@ -9,10 +9,14 @@ with the tokenizer: both sides load it) and ``OUT_DIR/ours.pt`` a record per RL 
 
 - ``prompts``: each prompt of the step as the data gave it (``data.template`` applied), before the chat template;
 - ``input_ids [N, P+R]``, ``attention_mask``, ``response_mask [N, R]``, ``prompt_length``: the rollout;
-- ``scores [N]``: the shaped rewards the advantages were computed from; ``advantages [N, R]``;
-- ``order [N]``: the rows in the order the micro-batches take them (the mini-batch shuffle's draw);
-- ``micro``: per micro-batch its rows, the per-token log-probs ``[n, R]`` (with grad, detached), the loss;
-- ``grad_norm``, ``lr`` of each optimiser step, and ``weights``: the policy's state dict after the RL step.
+- ``raw [N]``: the verifier's rewards; ``scores [N]``: the shaped rewards the advantages were computed from;
+  ``advantages [N, R]``;
+- ``order [N]``: the rows in the order the micro-batches take them (the mini-batch shuffle's draw), ``orders``:
+  that of every PPO epoch;
+- ``micro``: per micro-batch its rows, the per-token log-probs ``[n, R]`` (with grad, detached), the loss, and with
+  a critic its value loss (``value_loss``, the coefficient in);
+- ``grad_norm``, ``lr`` of each optimiser step, and ``weights``: the policy's state dict after the RL step; with a
+  critic ``value_grad_norm`` of each step and ``value_weights`` (``init_critic/``: the critic before the first).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from recipes import rl, rl_update
 # DeepSpeed on the CPU, ZeRO-3 in one rank: tests/fidelity/openrlhf_rm.py).
 RUN = ["scale=tiny", "device=cpu", "model.dtype=float32", "zero=none", "zero.offload_reference=false",
        "zero.offload_optimizer=false", "zero.offload_param=false", "zero.communication_data_type=null",
+       "zero.grad_accum_dtype=null",
        "train.warm_start.enabled=false",
        "logger.progress=false", "logger.tensorboard=false", "train.eval_prompts=1", "train.eval_every=0",
        "train.total_steps=2"]
@@ -39,7 +44,7 @@ RUN = ["scale=tiny", "device=cpu", "model.dtype=float32", "zero=none", "zero.off
 
 def _record(run: rl.Run, steps: list[dict]):
     """Wrap the names ``rl_step`` and ``update`` call so each RL step's inputs and outputs land in ``steps[-1]``."""
-    take, adv_fn = run.gen.take, rl.compute_advantages
+    take, adv_fn, score_fn = run.gen.take, rl.compute_advantages, rl.score
     order_fn, micro_fn, loss_fn, step_fn = (rl_update.epoch_order, rl_update.micro_step,
                                             rl_update.compute_policy_loss, rl_update.engines_step)
 
@@ -52,6 +57,11 @@ def _record(run: rl.Run, steps: list[dict]):
                       "prompt_length": roll.prompt_length, "micro": [], "grad_norm": [], "lr": []})
         return idx, roll, made_by
 
+    def scored(run_, roll, rows, *args, **kwargs):
+        out = score_fn(run_, roll, rows, *args, **kwargs)
+        steps[-1]["raw"] = out.raw.detach().clone()
+        return out
+
     def advantages(inp, cfg):
         adv, ret = adv_fn(inp, cfg)
         steps[-1].update(scores=inp.scores.detach().clone(), mask=inp.response_mask.clone(),
@@ -61,12 +71,15 @@ def _record(run: rl.Run, steps: list[dict]):
     def order(run_, n, epoch):
         out = order_fn(run_, n, epoch)
         steps[-1]["order"] = out.clone()
+        steps[-1].setdefault("orders", []).append(out.clone())
         return out
 
     def micro(run_, roll, sl, *args):
         steps[-1]["micro"].append({"rows": sl.clone()})
         m = micro_fn(run_, roll, sl, *args)
         steps[-1]["micro"][-1]["loss"] = float(m["loss"])
+        if "value/loss" in m:
+            steps[-1]["micro"][-1]["value_loss"] = float(m["value/loss"])
         return m
 
     def loss(inp, *args, **kwargs):
@@ -77,10 +90,12 @@ def _record(run: rl.Run, steps: list[dict]):
         out = step_fn(run_)
         steps[-1]["grad_norm"].append(float(out["grad_norm"]))
         steps[-1]["lr"].append(float(out["lr"]))
+        if "value/grad_norm" in out:
+            steps[-1].setdefault("value_grad_norm", []).append(float(out["value/grad_norm"]))
         return out
 
     run.gen.take = took
-    rl.compute_advantages, rl_update.epoch_order, rl_update.micro_step = advantages, order, micro
+    rl.compute_advantages, rl.score, rl_update.epoch_order, rl_update.micro_step = advantages, scored, order, micro
     rl_update.compute_policy_loss, rl_update.engines_step = loss, stepped
 
 
@@ -91,12 +106,16 @@ def main(recipe: str, out_dir: str, *overrides: str) -> None:
                    *overrides])
     run = rl.setup(cfg, tempfile.mkdtemp(dir=out, prefix="run_"))
     run.engine.save_pretrained(out / "init", run.tokenizer)
+    if run.critic is not None:
+        run.critic.save_pretrained(out / "init_critic", run.tokenizer)
     steps: list[dict] = []
     _record(run, steps)
     for _ in range(run.plan.total_steps):
         rl.rl_step(run)
         run.step += 1
         steps[-1]["weights"] = {k: v.detach().clone() for k, v in run.engine.module.state_dict().items()}
+        if run.critic is not None:
+            steps[-1]["value_weights"] = {k: v.detach().clone() for k, v in run.critic.module.state_dict().items()}
     t = run.cfg.train  # the tiny scale's batch shape: the source runs the same one
     meta = {"recipe": recipe, "group_size": t.group_size, "micro_batch_size": t.micro_batch_size,
             "mini_batch_size": run.plan.mini_batch_per_rank, "grad_accum": run.plan.grad_accum,

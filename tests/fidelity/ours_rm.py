@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from core.config import pipeline
 from core.config.composition import compose
 from core.paths import PROJECT_ROOT
 from recipes import rm
@@ -102,21 +103,52 @@ def save_init(run: rm.Run, out: Path) -> dict:
     return state
 
 
+def master_weights(run: rm.Run) -> dict | None:
+    """Under DeepSpeed (an engine check: bf16 with fp32 master weights, ZeRO over ranks) the fp32 master weights,
+    gathered (``safe_get_full_fp32_param``, a collective: every rank calls it); None for the plain engine."""
+    ds = getattr(run.engine, "engine", None)
+    if ds is None:
+        return None
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    return {n.removeprefix("inner."): safe_get_full_fp32_param(p).detach().float().clone()
+            for n, p in ds.module.named_parameters()}
+
+
+def gathered_steps(steps: list[dict]) -> list[dict]:
+    """Every rank's micro-batches of each step, in rank order, and the pairs each rank took (``rank_orders``)."""
+    from core.training import distributed
+
+    every, w = distributed.gather_objects([s["micro"] for s in steps]), distributed.world()
+    # rank r trains the pairs order[r::w] of the step's draw (recipes/rm.py rm_step)
+    return [{**s, "micro": [m for r in every for m in r[i]], "rank_orders": [s["order"][r::w] for r in range(w)]}
+            for i, s in enumerate(steps)]
+
+
 def main(recipe: str, out_dir: str, *overrides: str) -> None:
     torch.set_num_threads(1)
     out = Path(out_dir)
     _Hydra.dir = str(out / "run")
     rm.HydraConfig = _Hydra
+    # the overrides given here are this run's command line: scale=tiny keeps their values (an engine check's
+    # model.dtype=bfloat16), as it keeps a Hydra job's (core/config/scale.py command_line_keys)
+    pipeline.command_line_keys = lambda: tuple(o.split("=", 1)[0].lstrip("+") for o in overrides)
     cfg = compose([f"recipe={recipe}", f"recipe_name={recipe}", f"paths.results_dir={out}/results", *RM_RUN,
                    *overrides])
     run = rm.setup(cfg)
     init = save_init(run, out)
+    init = master_weights(run) or init
     steps: list[dict] = []
     _record(run, steps)
     while run.step < run.plan.total_steps:
         rm.rm_step(run)
         run.step += 1
-        steps[-1]["weights"] = {k: v.detach().clone() for k, v in run.engine.module.state_dict().items()}
+        steps[-1]["weights"] = master_weights(run) or {k: v.detach().clone()
+                                                       for k, v in run.engine.module.state_dict().items()}
+    steps = gathered_steps(steps)
+    from core.training import distributed
+    if not distributed.is_main():
+        return
     t, d = run.cfg.train, run.cfg.data
     meta = {"recipe": recipe, "batch_size": t.batch_size, "micro_batch_size": t.micro_batch_size,
             "grad_accum": run.plan.grad_accum, "max_len": t.max_len, "total_steps": run.plan.total_steps,
@@ -125,7 +157,7 @@ def main(recipe: str, out_dir: str, *overrides: str) -> None:
             "chosen_key": d.chosen_key, "rejected_key": d.rejected_key, "apply_chat_template": d.apply_chat_template,
             "optimizer": {k: run.cfg.optim.optimizer[k] for k in ("lr", "betas", "eps", "weight_decay")},
             "scheduler": dict(run.cfg.optim.scheduler), "max_grad_norm": run.cfg.optim.max_grad_norm,
-            "zero_stage": run.cfg.zero.stage}
+            "zero_stage": run.cfg.zero.stage, "dtype": run.cfg.model.dtype, "world": distributed.world()}
     pairs = [{"chosen": p["chosen"], "rejected": p["rejected"]} for p in run.data.train_pairs]
     meta = json.loads(json.dumps(meta))  # plain containers: the source's env cannot unpickle our FrozenConfig
     torch.save({"meta": meta, "init": init, "pairs": pairs, "steps": steps}, out / "ours.pt")

@@ -9,8 +9,9 @@ import sys
 from tests.fidelity.compare import TOL
 from tests.fidelity.harness import REPORT_DIR
 
-# An RL step has advantages and per-token log-probs, a reward-model step rewards: "-" where a check has none.
-COLUMNS = ["advantages", "logprobs", "rewards", "loss", "grad_norm", "weights"]
+# An RL step has advantages and per-token log-probs, a reward-model step rewards, a PPO step its critic's loss and
+# weights: "-" where a check has none.
+COLUMNS = ["advantages", "logprobs", "rewards", "loss", "grad_norm", "weights", "value_loss", "value_weights"]
 
 
 def rows() -> list[str]:

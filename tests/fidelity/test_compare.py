@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from tests.fidelity.compare import diffs, failures, rm_diffs, vacuous
+from tests.fidelity.compare import diffs, engine_failures, engine_rm_diffs, failures, rm_diffs, vacuous
 
 
 def _record(seed: int = 0) -> tuple[list[dict], dict]:
@@ -86,3 +86,54 @@ def test_identical_rm_steps_pass_and_a_token_or_reward_difference_fails_by_name(
     ours, theirs = _rm_record()
     theirs["steps"][0]["micro"][0]["attention_mask"] = theirs["steps"][0]["micro"][0]["attention_mask"][:, 1:]
     assert rm_diffs(ours, theirs)[0]["ids"] == float("inf")  # another padded length
+
+
+def test_weights_lose_one_rounding_per_optimiser_step_before_the_update_bound():
+    # a weight of 1.0 after an update of 1e-8: one float32 step of it (1.19e-7) is 12 updates, which the old bound
+    # (1e-2 of the update) failed; n optimiser steps allow n roundings, and anything past them still fails
+    ours, init = _record()
+    init = {"w": torch.ones(4, 3)}
+    ours[0]["weights"] = {"w": init["w"] + 1e-8 * torch.arange(1, 13.0).view(4, 3)}
+    theirs = _theirs(ours)
+    one_ulp = torch.nextafter(ours[0]["weights"]["w"], torch.full((4, 3), 2.0))
+    theirs[0]["weights"]["w"] = one_ulp
+    assert failures(diffs(ours, theirs, init)) == []  # one optimiser step: one rounding allowed
+    theirs[0]["weights"]["w"] = torch.nextafter(one_ulp, torch.full((4, 3), 2.0))  # two roundings
+    assert [line.split()[2] for line in failures(diffs(ours, theirs, init))] == ["weights"]
+
+
+def test_a_critic_is_compared_by_its_loss_gradient_and_weights():
+    ours, init = _record()
+    critic = {"v": torch.randn(2, 3) * 0.05}
+    ours[0].update(value_grad_norm=[0.3], value_weights={"v": critic["v"] + 1e-5})
+    ours[0]["micro"][0]["value_loss"] = 0.05
+    theirs = _theirs(ours)
+    theirs[0].update(value_grad_norm=[0.3], value_weights={"v": ours[0]["value_weights"]["v"].clone()})
+    theirs[0]["micro"][0]["value_loss"] = 0.05
+    per_step = diffs(ours, theirs, init, critic)
+    assert failures(per_step) == [] and per_step[0]["value_update"] > 0
+    cases = {"value_loss": lambda t: t["micro"][0].__setitem__("value_loss", 0.06),
+             "value_grad_norm": lambda t: t["value_grad_norm"].__setitem__(0, 0.4),
+             "value_weights": lambda t: t["value_weights"]["v"].add_(5e-6)}
+    for name, change in cases.items():
+        theirs = _theirs(ours)
+        theirs[0].update(value_grad_norm=[0.3], value_weights={"v": ours[0]["value_weights"]["v"].clone()})
+        theirs[0]["micro"][0]["value_loss"] = 0.05
+        change(theirs[0])
+        assert [line.split()[2] for line in failures(diffs(ours, theirs, init, critic))] == [name], name
+
+
+def test_an_engine_check_holds_bf16_figures_to_units_of_bf16():
+    # rewards one bf16 unit apart pass (each side's are bf16 values), three fail; so does a master-weight change that
+    # differs by a fifth of itself
+    ours, theirs = _rm_record()
+    ours["steps"][0]["weights"] = {"w": ours["init"]["w"] + 1e-6 * torch.ones(3, 2)}
+    theirs["steps"][0]["weights"] = {"w": ours["steps"][0]["weights"]["w"].clone()}
+    one_unit = 2.0 ** -7 * 0.3  # the largest reward is 0.3
+    theirs["steps"][0]["micro"][0]["rewards"] = theirs["steps"][0]["micro"][0]["rewards"] + one_unit
+    assert engine_failures(engine_rm_diffs(ours, theirs)) == []
+    theirs["steps"][0]["micro"][0]["rewards"] += 2 * one_unit
+    assert [line.split()[2] for line in engine_failures(engine_rm_diffs(ours, theirs))] == ["rewards"]
+    theirs["steps"][0]["micro"][0]["rewards"] -= 3 * one_unit
+    theirs["steps"][0]["weights"]["w"] += 2e-7
+    assert [line.split()[2] for line in engine_failures(engine_rm_diffs(ours, theirs))] == ["weights_l2"]

@@ -6,13 +6,16 @@ from __future__ import annotations
 import pytest
 
 from core.paths import CONF_DIR
-from tests.fidelity.harness import SOURCES, check_rl, check_rm
+from tests.fidelity.harness import SOURCES, check_rl, check_rm, check_rm_engine
 
 # The driver that runs each package's step code in its env.
-DRIVERS = {"trl": "trl_grpo.py", "verl": "verl_grpo.py"}
-RL_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] in DRIVERS)
-# Reward-model recipes checked against OpenRLHF's train_rm (tests/fidelity/openrlhf_rm.py).
-RM_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] == "openrlhf")
+DRIVERS = {"trl": "trl_grpo.py", "verl": "verl_grpo.py", "open_instruct": "open_instruct_rl.py"}
+# Reward-model recipes' drivers (sources.yaml ``driver``, else OpenRLHF's train_rm: tests/fidelity/openrlhf_rm.py).
+RM_STEP = sorted(r for r, s in SOURCES.items()
+                 if s["check"] == "step" and (s["package"] == "openrlhf" or s.get("driver", "").endswith("_rm.py")))
+# Checked again at the source's engine (sources.yaml ``engine``: bf16, fp32 master weights, its ZeRO stage, 2 ranks).
+ENGINE = sorted(r for r, s in SOURCES.items() if "engine" in s)
+RL_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] in DRIVERS and r not in RM_STEP)
 
 
 def test_every_named_recipe_says_how_it_is_checked():
@@ -21,7 +24,7 @@ def test_every_named_recipe_says_how_it_is_checked():
     for recipe, src in SOURCES.items():
         assert src["check"] in ("step", "function"), recipe
         assert (src["check"] == "step") == (src["package"] is not None), recipe
-    assert len(RL_STEP) == 8 and len(RM_STEP) == 3
+    assert len(RL_STEP) == 11 and len(RM_STEP) == 4
 
 
 @pytest.mark.fidelity
@@ -34,5 +37,12 @@ def test_rl_steps_match_the_source(recipe, tmp_path):
 @pytest.mark.fidelity
 @pytest.mark.parametrize("recipe", RM_STEP)
 def test_rm_steps_match_the_source(recipe, tmp_path):
-    per_step = check_rm(recipe, tmp_path)
+    per_step = check_rm(recipe, tmp_path, SOURCES[recipe].get("driver", "openrlhf_rm.py"))
+    assert len(per_step) == 3
+
+
+@pytest.mark.fidelity
+@pytest.mark.parametrize("recipe", ENGINE)
+def test_engine_steps_match_the_source(recipe, tmp_path):
+    per_step = check_rm_engine(recipe, tmp_path, SOURCES[recipe].get("driver", "openrlhf_rm.py"))
     assert len(per_step) == 3

@@ -25,7 +25,7 @@ EXACT = {
         "data.eval_max_pairs": 100, "data.too_long": "drop", "data.max_prompt_tokens": 2048,
         "data.length_filter_bug": True, "data.bad_rows": "keep", "layout.learner_gpus": 8,
         "train.batch_size": 256, "train.micro_batch_size": 1,
-        "train.epochs": 1, "train.max_len": 2048, "train.padding_side": "right", "train.head_init": "inv_sqrt_hidden",
+        "train.epochs": 1, "train.max_len": 2048, "train.padding_side": "right", "train.head_init": "transformers",
         "train.lora.rank": 0, "optim.optimizer.lr": 3e-6, "optim.optimizer.eps": 1e-5,
         "optim.optimizer.weight_decay": 0.01, "optim.optimizer.betas": [0.9, 0.999], "optim.max_grad_norm": 1.0,
         "optim.scheduler.name": "linear", "optim.scheduler.warmup_steps": 0, "optim.scheduler.warmup_ratio": 0.0,

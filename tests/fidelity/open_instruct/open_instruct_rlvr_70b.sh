@@ -1,0 +1,41 @@
+# open_instruct_rlvr_70b: allenai/open-instruct docs/tulu3.md @3dd7a07da07e78550e7be48a7d317ec3d9c9cd6d, "Llama-3.1-Tulu-3-70B Reproduction" (the command
+# as the doc gives it; tests/fidelity/open_instruct_rl.py parses its flags with the script's own parser).
+source configs/beaker_configs/ray_node_setup.sh && python open_instruct/ppo_vllm_thread_ray_gtrl.py \
+    --dataset_mixer '{"allenai/RLVR-GSM-MATH-IF-Mixed-Constraints": 1.0}' \
+    --dataset_train_splits train \
+    --dataset_eval_mixer '{"allenai/RLVR-GSM-MATH-IF-Mixed-Constraints": 128}' \
+    --dataset_eval_splits train \
+    --max_token_length 2048 \
+    --max_prompt_token_length 2048 \
+    --response_length 2048 \
+    --model_name_or_path allenai/Llama-3.1-Tulu-3-70B-DPO \
+    --exp_name tulu-3-70b-rlvr \
+    --reward_model_path allenai/Llama-3.1-Tulu-3-8B-RM \
+    --beta 0.07 \
+    --warmup_ratio 0.1 \
+    --seed 8 \
+    --output_dir output/rlvr_70b \
+    --non_stop_penalty \
+    --stop_token eos \
+    --temperature 1.0 \
+    --ground_truths_key ground_truth \
+    --chat_template tulu \
+    --sft_messages_key messages \
+    --learning_rate 1e-7 \
+    --total_episodes 400000 \
+    --penalty_reward_value -10.0 \
+    --deepspeed_stage 3 \
+    --per_device_train_batch_size 1 \
+    --local_rollout_forward_batch_size 1 \
+    --local_mini_batch_size 16 \
+    --local_rollout_batch_size 16 \
+    --actor_num_gpus_per_node 8 8 8 8 8 \
+    --vllm_num_engines 1 \
+    --vllm_tensor_parallel_size 4 \
+    --apply_verifiable_reward true \
+    --reward_model_multiplier 0.0 \
+    --no_gather_whole_model \
+    --num_evals 3 \
+    --save_freq 40 \
+    --gradient_checkpointing \
+    --with_tracking
