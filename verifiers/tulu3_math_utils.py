@@ -35,8 +35,9 @@ def _pick_backend() -> str | None:
     from sympy.parsing.latex import parse_latex
 
     for backend in ("antlr", "lark"):
+        # sympy's ANTLR backend builds unevaluated expressions (1*2**-1, not the object Rational(1, 2)): compare values
         try:
-            if parse_latex(r"\frac{1}{2}", backend=backend) == sympy.Rational(1, 2):
+            if sympy.simplify(parse_latex(r"\frac{1}{2}", backend=backend) - sympy.Rational(1, 2)) == 0:
                 return backend
         except Exception:  # noqa: BLE001 - ImportError / version mismatch
             continue
