@@ -80,6 +80,7 @@ FIDELITY_ENVS ?= /tmp/rlr-fidelity-envs
 
 fidelity: $(STAMP) ## Each recipe's update against its source framework's own code (TRL, veRL, OpenRLHF, Open-Instruct) in envs of their own: docs/fidelity.md
 	FIDELITY_ENVS=$(FIDELITY_ENVS) PY=$(PY) tests/fidelity/envs.sh all
+	FIDELITY_ENVS=$(FIDELITY_ENVS) PY=$(PY) tests/fidelity/rewards/envs.sh all
 	FIDELITY_ENVS=$(FIDELITY_ENVS) $(BIN)/python -m pytest -m fidelity tests/fidelity $(PYTEST_ARGS)
 	$(BIN)/python -m tests.fidelity.report
 

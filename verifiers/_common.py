@@ -43,6 +43,23 @@ def column(columns: dict, names: Sequence[str], n: int, verifier: str) -> list:
     raise ValueError(f"{verifier}: needs one of the columns {', '.join(names)}; got {', '.join(sorted(columns)) or 'none'}")
 
 
+# How Open-Instruct's verifiers read a response (``open_instruct_text``): "release" (@3dd7a07d, the Tulu 3 RLVR
+# recipes) decodes prompt and response together and keeps what follows the last "<|assistant|>\n", stripped, which
+# for a response without that string of its own is the response stripped; "grpo" (@c8b66a0e3, the Tulu 3.1 GRPO
+# recipe) hands over the decoded response as it is (ground_truth_utils.py there drops the cut and the strip, except
+# for IFEval checkers with arguments).
+OPEN_INSTRUCT_TEXTS = ("release", "grpo")
+
+
+def open_instruct_response(text: str, open_instruct_text: str = "release") -> str:
+    """The text Open-Instruct's ``verify_*_sample`` works on, from the completion, for ``open_instruct_text``."""
+    if open_instruct_text == "release":
+        return text.split("<|assistant|>\n")[-1].strip()
+    if open_instruct_text == "grpo":
+        return text
+    raise ValueError(f"open_instruct_text={open_instruct_text!r}; expected one of {OPEN_INSTRUCT_TEXTS}")
+
+
 def last_boxed_only_string(text: str) -> str | None:
     """The last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces, including the wrapper.
 

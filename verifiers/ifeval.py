@@ -16,24 +16,27 @@ Ground truth is one constraint: a JSON object (or dict) ``{"func_name": NAME, **
     requires at least N ``splitter <number>`` headers (IFEvalG SectionChecker);
   - ``verify_sentence_constraint`` splits sentences after ``.``/``?`` only (HEAD also after ``!``);
   - ``validate_frequency_capital_words`` "around" means exactly N (HEAD: within max(round(0.1 N), 1)).
-  Also as released: checkers without kwargs see the unstripped text; the others see it stripped.
 * ``placeholder_tuple_bug`` -- the placeholder checker alone, named: true = the release's tuple (always passes),
   false = the fixed count; null (default) = as ``release_behaviour``. The Open-Instruct recipes set it true beside
   ``release_behaviour``, so turning the bug off keeps the other release checkers.
 
-Text: the part after the last ``<|assistant|>\\n`` (both versions). Reward 1.0 / 0.0. A missing ``func_name`` -> 0.0
-(as both versions); unreadable JSON or an unknown checker -> None (skip; the original raised). A checker that raises
-(``langdetect`` on text with no letters, ``i`` beyond the paragraph count, a multi-character "letter") -> 0.0.
+Text: the part after the last ``<|assistant|>\\n``, stripped (both versions). A checker without arguments reads it
+the same way at the release (``open_instruct_text="release"``), and at the GRPO commit c8b66a0e3, whose
+``verify_ifeval_sample`` no longer cuts or strips first, the response as it is (``"grpo"``). Reward 1.0 / 0.0. A
+missing ``func_name`` -> 0.0 (as both versions); unreadable JSON or an unknown checker -> None (skip; the original
+raised). A checker that raises (``langdetect`` on text with no letters, ``i`` beyond the paragraph count, a
+multi-character "letter") -> 0.0, where the original's exception stopped the trainer.
 ``langdetect`` is seeded (``DetectorFactory.seed = 0``) so rewards are reproducible; the original was unseeded.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 from typing import Callable
 
-from verifiers._common import column, texts
+from verifiers._common import column, open_instruct_response, texts
 
 log = logging.getLogger(__name__)
 GOLD_COLUMNS = ("ground_truth", "constraint", "answer")
@@ -140,12 +143,11 @@ def validate_sections(text: str, N: int, section_splitter: str) -> bool:
 
 
 def validate_json_format(text: str) -> bool:
-    """The whole response parses as JSON."""
-    try:
+    """The whole response parses as JSON (``json.loads`` raises no ValueError)."""
+    with contextlib.suppress(ValueError):
         json.loads(text)
-    except ValueError:
-        return False
-    return True
+        return True
+    return False
 
 
 def validate_repeat_prompt(text: str, original_prompt: str) -> bool:
@@ -251,8 +253,8 @@ def _constraint(label) -> dict | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def score_ifeval(text: str, label, release_behaviour: bool = False,
-                 placeholder_tuple_bug: bool | None = None) -> float | None:
+def score_ifeval(text: str, label, release_behaviour: bool = False, placeholder_tuple_bug: bool | None = None,
+                 open_instruct_text: str = "release") -> float | None:
     """One sample: 1.0 if the constraint holds, 0.0 if not (or func_name missing), None if unreadable/unknown."""
     constraint = _constraint(label)
     if constraint is None:
@@ -266,23 +268,24 @@ def score_ifeval(text: str, label, release_behaviour: bool = False,
     func = checkers.get(constraint.pop("func_name"))
     if func is None:
         return None
-    answer = text.split("<|assistant|>\n")[-1].strip()
     kwargs = {k: v for k, v in constraint.items() if v is not None}
     try:
-        if not constraint:  # release: a checker without arguments sees the unstripped text
-            return float(bool(func(text.split("<|assistant|>\n")[-1] if release_behaviour else answer)))
-        return float(bool(func(answer, **kwargs)))
+        if not constraint:  # a checker without arguments reads the response as open_instruct_text says
+            return float(bool(func(open_instruct_response(text, open_instruct_text))))
+        return float(bool(func(text.split("<|assistant|>\n")[-1].strip(), **kwargs)))
     except Exception as e:  # noqa: BLE001 - a checker error fails the constraint, not the batch
         log.warning("ifeval: %s raised %s: %s", func.__name__, type(e).__name__, e)
         return 0.0
 
 
 def ifeval_reward(completions, release_behaviour: bool = False, placeholder_tuple_bug: bool | None = None,
-                  **columns) -> list[float | None]:
+                  open_instruct_text: str = "release", **columns) -> list[float | None]:
     """Tulu 3 IF constraint reward; column ``ground_truth`` (or ``constraint``/``answer``);
     ``release_behaviour=True`` reproduces the Tulu 3 release checkers (always-passing placeholders, see module doc);
-    ``placeholder_tuple_bug`` switches that one checker by name (null: as ``release_behaviour``)."""
+    ``placeholder_tuple_bug`` switches that one checker by name (null: as ``release_behaviour``);
+    ``open_instruct_text`` ("release" or "grpo") is the text a checker without arguments reads."""
     comps = texts(completions)
+    open_instruct_response("", open_instruct_text)  # an unknown value is refused before any sample is scored
     labels = column(columns, GOLD_COLUMNS, len(comps), "ifeval")
     bug = None if placeholder_tuple_bug is None else bool(placeholder_tuple_bug)
-    return [score_ifeval(c, g, bool(release_behaviour), bug) for c, g in zip(comps, labels)]
+    return [score_ifeval(c, g, bool(release_behaviour), bug, open_instruct_text) for c, g in zip(comps, labels)]

@@ -86,9 +86,11 @@ def score_default(text: str, gold: str) -> float | None:
 
 
 def _open_r1_fast_path(text: str, gold: str) -> float | None:
-    # With exactly one \boxed and no Minerva "final answer is" phrase, Open-R1's boxed="all" extraction is that
-    # box's content, so the exact numeric fast path gives math-verify's answer.
-    if text.count("\\boxed") != 1 or "\\fbox" in text or "final answer" in text.lower():
+    # With exactly one \boxed, braced, and no Minerva "final answer is" phrase, Open-R1's boxed="all" extraction is
+    # that box's content, so the exact numeric fast path gives math-verify's answer. math-verify reads no "\boxed 5"
+    # (the spaced form, which last_boxed_content takes): that one goes to math-verify.
+    if text.count("\\boxed") != 1 or text.count("\\boxed{") != 1 or "\\fbox" in text or \
+            "final answer" in text.lower():
         return None
     content = last_boxed_content(text)
     return None if content is None else numeric_fast_path(content, gold)

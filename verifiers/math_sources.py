@@ -6,21 +6,21 @@
   ``\\boxed{}`` unless they contain one; math-verify ``verify(parse(gold), parse(pred))`` with default extraction;
   any exception -> wrong, and a 10 s timeout (their 16-process pool) -> wrong. correct 1.0, wrong 0.0.
 * ``math_tulu3`` -- allenai/open-instruct @3dd7a07d ``ground_truth_utils.verify_math_sample`` ("flex" match):
-  text after the last ``<|assistant|>\\n``; candidates = last boxed, Minerva final-answer form, else the text
-  between the last two ``$``, else the whole output (normalised); correct if any candidate ``is_equiv`` or
-  ``hendrycks_is_equiv`` the gold. 1.0 / 0.0 (multiply by 10 with ``verifiers.compose`` for Open-Instruct's scale).
+  text after the last ``<|assistant|>\\n``, stripped (``open_instruct_text="grpo"``: the response as it is, as at
+  c8b66a0e3); candidates = last boxed, Minerva final-answer form, else the text between the last two ``$``, else the
+  whole output (normalised); correct if any candidate ``is_equiv`` or ``hendrycks_is_equiv`` the gold. 1.0 / 0.0
+  (multiply by 10 with ``verifiers.compose`` for Open-Instruct's scale).
 """
 from __future__ import annotations
 
 import re
 
-from verifiers._common import column, texts
+from verifiers._common import column, open_instruct_response, texts
 from verifiers.mv import mv_parse, mv_verify, numeric_fast_path, parse_gold_cached
 from verifiers.pool import map_scores
 from verifiers.qwen_math_parser import extract_answer
-from verifiers.tulu3_math_utils import get_unnormalized_answer, hendrycks_is_equiv, is_equiv, normalize_final_answer
-from verifiers.tulu3_math_utils import last_boxed_only_string as oi_last_boxed_only_string
-from verifiers.tulu3_math_utils import remove_boxed as oi_remove_boxed
+from verifiers.tulu3_math_utils import INVALID_ANSWER, get_unnormalized_answer, hendrycks_is_equiv, is_equiv
+from verifiers.tulu3_math_utils import last_boxed_only_string, normalize_final_answer, remove_boxed
 
 SIMPLERL_STOP_WORDS = ["</s>", "<|im_end|>", "<|endoftext|>"]
 
@@ -56,39 +56,37 @@ def score_simplerl(text: str, gold: str) -> float:
         return 0.0
 
 
-def tulu3_candidates(model_output: str) -> list[str]:
-    model_output = model_output.split("<|assistant|>\n")[-1].strip()
-    raw_answer = model_output
-    all_answers = []
-    boxed = oi_last_boxed_only_string(raw_answer)
-    boxed = oi_remove_boxed(boxed) if boxed is not None else None
-    if boxed is not None:
-        all_answers.append(boxed)
-    minerva_answer = normalize_final_answer(get_unnormalized_answer(raw_answer))
-    if minerva_answer is not None and minerva_answer != "[invalidanswer]":
-        all_answers.append(minerva_answer)
-    if len(all_answers) == 0:
-        dollars = [m.start() for m in re.finditer("\\$", raw_answer)]
-        if len(dollars) > 1:
-            all_answers.append(normalize_final_answer(raw_answer[dollars[-2] + 1: dollars[-1]]))
-    if len(all_answers) == 0:
-        all_answers.append(normalize_final_answer(model_output))
-    return all_answers
+def _minerva_candidate(output: str) -> str | None:
+    answer = normalize_final_answer(get_unnormalized_answer(output))
+    return None if answer == INVALID_ANSWER else answer
 
 
-def score_tulu3(text: str, gold: str) -> float:
+def _between_last_dollars(output: str) -> list[str]:
+    marks = [m.start() for m in re.finditer(r"\$", output)]
+    return [normalize_final_answer(output[marks[-2] + 1:marks[-1]])] if len(marks) > 1 else []
+
+
+def tulu3_candidates(text: str, open_instruct_text: str = "release") -> list[str]:
+    """``verify_math_sample``'s candidate answers, in its order: what the last box holds and Minerva's normalised
+    answer sentence; if neither, the normalised text between the last two ``$``; if not that either, the whole text
+    normalised. The text is the response as ``open_instruct_text`` reads it (``verifiers._common``)."""
+    output = open_instruct_response(text, open_instruct_text)
+    boxed = last_boxed_only_string(output)
+    found = [a for a in (None if boxed is None else remove_boxed(boxed), _minerva_candidate(output)) if a is not None]
+    return found or _between_last_dollars(output) or [normalize_final_answer(output)]
+
+
+def score_tulu3(text: str, gold: str, open_instruct_text: str = "release") -> float:
+    """1.0 when a candidate equals the gold by ``is_equiv`` or ``hendrycks_is_equiv`` (the source tries both)."""
     gold = str(gold)
-    for answer in tulu3_candidates(text):
-        if hendrycks_is_equiv(answer, gold) or is_equiv(answer, gold):
-            return 1.0
-    return 0.0
+    candidates = tulu3_candidates(text, open_instruct_text)
+    return float(any(hendrycks_is_equiv(a, gold) or is_equiv(a, gold) for a in candidates))
 
 
-def fast_tulu3(text: str, gold: str) -> float | None:
-    # Identical strings after the Hendrycks normalisation are a match whatever is_equiv says (the release ORs them).
-    for answer in tulu3_candidates(text):
-        if hendrycks_is_equiv(answer, str(gold)):
-            return 1.0
+def fast_tulu3(text: str, gold: str, open_instruct_text: str = "release") -> float | None:
+    # Identical strings after the Hendrycks normalisation are a match whatever is_equiv says (the source ORs them).
+    if any(hendrycks_is_equiv(a, str(gold)) for a in tulu3_candidates(text, open_instruct_text)):
+        return 1.0
     return None
 
 
@@ -100,9 +98,12 @@ def math_simplerl_reward(completions, **columns) -> list[float | None]:
                       timeout=columns.get("timeout", 10.0), workers=columns.get("workers"), on_timeout=0.0)
 
 
-def math_tulu3_reward(completions, **columns) -> list[float | None]:
-    """Open-Instruct Tulu 3 flex math match (see module docstring). Gold: ``ground_truth`` or ``answer``."""
+def math_tulu3_reward(completions, open_instruct_text: str = "release", **columns) -> list[float | None]:
+    """Open-Instruct Tulu 3 flex math match (see module docstring). Gold: ``ground_truth`` or ``answer``.
+    ``open_instruct_text``: "release" (@3dd7a07d) or "grpo" (@c8b66a0e3), how the source reads the response."""
     comps = texts(completions)
+    open_instruct_response("", open_instruct_text)  # an unknown value is refused before any sample is scored
     golds = column(columns, ("ground_truth", "answer"), len(comps), "math_tulu3")
-    return map_scores(score_tulu3, list(zip(comps, golds)), fast_tulu3,
+    items = [(c, g, open_instruct_text) for c, g in zip(comps, golds)]
+    return map_scores(score_tulu3, items, fast_tulu3,
                       timeout=columns.get("timeout", 10.0), workers=columns.get("workers"), on_timeout=0.0)

@@ -94,6 +94,8 @@ EXACT = {
     },
     "open_instruct_grpo_8b": {
         **COMMON, "seed": 1, "rollout.vllm.seed": 1, "rollout.vllm.tensor_parallel_size": 2,
+        # ground_truth_utils.py @c8b66a0e3 reads the response as it is (no cut at "<|assistant|>\n", no strip)
+        "verifier.kwargs": {**COMMON["verifier.kwargs"], "open_instruct_text": "grpo"},
         "advantage.name": "grpo", "advantage.std": "group", "advantage.unbiased_std": True, "advantage.eps": 1e-8,
         "advantage.whiten": "none", "kl.estimator": "k3", "kl.coef": 0.01, "kl.placement": "loss",
         "kl.log_ratio_clamp": 40.0, "optim.optimizer.lr": 5e-7, "optim.scheduler.name": "constant",

@@ -112,9 +112,16 @@ def test_release_differences(name, kwargs, text, fixed, release):
 def test_dispatch_edge_cases():
     f = get_verifier("ifeval")
     quote = '  "quoted"\n'
-    # no kwargs at all: the release passes the unstripped text, the fixed version the stripped one
+    # no kwargs at all: the release (3dd7a07d) strips the response first as for every checker; the GRPO commit
+    # (c8b66a0e3) passes it as it is (tests/fidelity/rewards holds both to the sources)
     assert f([quote], ground_truth=[_label("validate_quotation", {}, nulls=False)]) == [1.0]
-    assert f([quote], ground_truth=[_label("validate_quotation", {}, nulls=False)], release_behaviour=True) == [0.0]
+    assert f([quote], ground_truth=[_label("validate_quotation", {}, nulls=False)], release_behaviour=True) == [1.0]
+    assert f([quote], ground_truth=[_label("validate_quotation", {}, nulls=False)], release_behaviour=True,
+             open_instruct_text="grpo") == [0.0]
+    assert f(["Draft.\n<|assistant|>\nlower"], ground_truth=[_label("validate_lowercase", {}, nulls=False)],
+             open_instruct_text="grpo") == [0.0]  # the GRPO commit does not cut at "<|assistant|>\n"
+    with pytest.raises(ValueError, match="open_instruct_text='tulu'"):
+        f([quote], ground_truth=[_label("validate_quotation", {})], open_instruct_text="tulu")
     assert f([quote], ground_truth=[_label("validate_quotation", {})], release_behaviour=True) == [1.0]
     assert f(["<|user|>\nHi, there\n<|assistant|>\nno commas"],
              ground_truth=[_label("validate_no_commas", {}, as_json=False)]) == [1.0]
