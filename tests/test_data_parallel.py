@@ -227,7 +227,8 @@ def test_every_rank_generates_as_many_eval_prompts_when_generate_is_collective(m
                                                            judged=torch.ones(len(rows), dtype=torch.bool)))
     rollout = _ChunkedCollective()
     data = SimpleNamespace(eval_rows=[{"i": i} for i in range(3)], eval_ids=[[10], [11], [12]])
-    run = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(eval_prompts=0), rollout=group_option("rollout/hf")),
+    run = SimpleNamespace(cfg=SimpleNamespace(seed=0, train=SimpleNamespace(eval_prompts=0),
+                                              rollout=group_option("rollout/hf")),
                           data=data, step=0,
         gen=SimpleNamespace(push=lambda *a: None), engine=SimpleNamespace(gathered=lambda on: nullcontext()),
         rollout=rollout)
