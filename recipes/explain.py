@@ -167,7 +167,10 @@ def _fidelity(recipe: str) -> list[str]:
     if src is None:
         return []
     if src["check"] == "step":
-        return [f"fidelity: step checked against {src['package']} {src['version']}'s own code (make fidelity; "
+        eng = src.get("engine")
+        again = (f", and again in {eng['dtype']} at its sharding on {eng['ranks']} CPU ranks ({eng['zero']} ours)"
+                 if eng else "")
+        return [f"fidelity: step checked against {src['package']} {src['version']}'s own code{again} (make fidelity; "
                 f"docs/fidelity.md)"]
     return ["fidelity: function-level checks only, its source is not a package (docs/fidelity.md)"]
 

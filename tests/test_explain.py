@@ -127,9 +127,11 @@ def test_explain_states_what_a_recipe_step_was_checked_against():
     fidelity`; issue 41: Open-Instruct's commit) for RL and reward-model recipes alike; tests/fidelity/test_steps.py
     holds the file to the recipes."""
     assert "fidelity: step checked against trl 0.18.0's own code" in explain("recipe=open_r1_grpo_1_5b").stdout
-    assert "fidelity: step checked against verl 0.2.0.post2's own code" in explain("recipe=simplerl_zoo_7b").stdout
-    assert "fidelity: step checked against openrlhf 0.9.0's own code" in explain(
-        "recipe=openrlhf_rm_llama3_8b_4090").stdout
+    out = explain("recipe=simplerl_zoo_7b").stdout
+    assert ("fidelity: step checked against verl 0.2.0.post2's own code, and again in bfloat16 at its sharding on 2 "
+            "CPU ranks (stage3 ours)") in out  # sources.yaml engine (docs/fidelity.md "Engines")
+    out = explain("recipe=openrlhf_rm_llama3_8b_4090").stdout
+    assert "fidelity: step checked against openrlhf 0.9.0's own code (make fidelity" in out  # no engine check
     assert "fidelity: step checked against open_instruct 3dd7a07d's own code" in explain(
         "recipe=open_instruct_rm_8b").stdout
     assert "fidelity: step checked against open_instruct c8b66a0e's own code" in explain(

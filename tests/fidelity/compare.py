@@ -177,38 +177,3 @@ if __name__ == "__main__":
 
     main(sys.argv[1:])
 
-
-# An engine check (bf16 with fp32 master weights, the source's sharding, 2 ranks: docs/fidelity.md "Engines"):
-# bf16 keeps 8 significant bits, one unit in the last place 2^-7 of a value's scale. Token ids and lr exactly; each
-# micro-batch's rewards and loss to 2 units of the largest reward's and the loss's scale (each side's are bf16 values,
-# one unit apart when a last rounding differs, one more for a rounding upstream: the source computes its loss in bf16,
-# ours in fp32); the gradient norm to 4 units relative (2^-5: a sum of squares of bf16 gradients reduced over ranks in
-# another order and dtype). The fp32 master weights: the L2 norm of their difference over that of our change since
-# the start, to 2^-3. That one is not a rounding bound: AdamW's first steps move each weight by about lr x sign(g),
-# so a weight whose bf16 gradient rounds near 0 on one side can move by up to 2 lr between the two; it is set from
-# the measured 5.4% (docs/fidelity.md Results), with room for the CPU's reduction order.
-BF16_ULP = 2.0 ** -7
-ENGINE_TOL = {"ids": 0.0, "rewards": 2 * BF16_ULP, "loss": 2 * BF16_ULP, "grad_norm": 4 * BF16_ULP, "lr": 1e-12,
-              "weights_l2": 2.0 ** -3}
-
-
-def engine_rm_diffs(ours: dict, theirs: dict) -> list[dict[str, float]]:
-    """Per optimiser step of a reward-model engine check, each figure in :data:`ENGINE_TOL`'s units: rewards and loss
-    as a fraction of their scale, the gradient norm relative, the master weights as the relative L2 difference."""
-    out, init = [], ours["init"]
-    for a, b in zip(ours["steps"], theirs["steps"], strict=True):
-        d = rm_step_diffs(a, b, (ours["pairs"], theirs["pairs"]), init, 1)
-        scale = max(float(m["rewards"].abs().max()) for m in a["micro"])
-        change = torch.cat([(a["weights"][k] - init[k]).flatten() for k in init])
-        diff = torch.cat([(a["weights"][k] - b["weights"][k]).flatten() for k in init])
-        loss_scale = max(abs(m["loss"]) for m in a["micro"])
-        out.append({"ids": d["ids"], "rewards": d["rewards"] / scale, "loss": d["loss"] / loss_scale,
-                    "grad_norm": d["grad_norm"], "lr": d["lr"], "weights_l2": float(diff.norm() / change.norm()),
-                    "update": float(change.abs().max())})
-    return out
-
-
-def engine_failures(per_step: list[dict[str, float]]) -> list[str]:
-    """Each figure of an engine check beyond :data:`ENGINE_TOL`, as a line."""
-    return [f"step {i + 1}: {k} differs by {v:.3g} (tolerance {ENGINE_TOL[k]:g})"
-            for i, d in enumerate(per_step) for k, v in d.items() if k in ENGINE_TOL and not v <= ENGINE_TOL[k]]

@@ -21,11 +21,16 @@ fresh() {  # fresh NAME: a new venv with pip and torch; prints its python
 }
 
 # TRL 0.18.0, Open-R1's pin (open-r1 setup.py @1416fa0: trl[vllm]==0.18.0, transformers==4.52.3,
-# accelerate==1.4.0). TRL and its dependencies are pure Python: the whole package installs; only its vllm
-# extra is left out (vLLM needs CUDA; the checks feed recorded completions instead of generating).
+# accelerate==1.4.0, deepspeed==0.16.8). TRL and its dependencies are pure Python: the whole package installs; only
+# its vllm extra is left out (vLLM needs CUDA; the checks feed recorded completions instead of generating).
+# DeepSpeed 0.16.8 (Open-R1's pin, the same setup.py): the engine check runs TRL under accelerate's DeepSpeed plugin
+# with the recipe's recipes/accelerate_configs/zero2.yaml (tests/fidelity/trl_grpo.py); built without isolation
+# against this env's torch, as for Open-Instruct.
 build_trl() {
   local py; py=$(fresh trl-0.18.0)
-  "$py" -m pip install --quiet trl==0.18.0 transformers==4.52.3 accelerate==1.4.0 "datasets<4" pyyaml
+  "$py" -m pip install --quiet trl==0.18.0 transformers==4.52.3 accelerate==1.4.0 "datasets<4" pyyaml \
+    setuptools wheel packaging ninja py-cpuinfo psutil hjson pydantic msgpack
+  "$py" -m pip install --quiet --no-build-isolation "deepspeed==0.16.8"
 }
 
 # veRL 0.2.0.post2 (2025-02-20), the release closest to SimpleRL-Zoo's fork (its core_algos.py and
@@ -36,11 +41,13 @@ build_trl() {
 # flash-attn's bert_padding (see below). tensordict 0.15.3 (the newest today), as veRL's pin (< 0.6) does not
 # import under torch 2.13 (torch.multiprocessing.reductions.ForkingPickler is gone); the TensorDict calls of
 # DataProto (select, split, batch_size) behave the same, and the check compares every quantity they carry.
+# accelerate (unpinned in its requirements; 1.4.0, the release of that week): fsdp_workers.py's model init imports
+# its init_empty_weights (the FSDP engine check, tests/fidelity/verl_fsdp.py).
 build_verl() {
   local py; py=$(fresh verl-0.2.0.post2)
   "$py" -m pip install --quiet --no-deps verl==0.2.0.post2
   "$py" -m pip install --quiet "transformers==4.47.1" "tensordict==0.15.3" "ray==2.60.0" codetiming omegaconf \
-    hydra-core numpy pandas pyyaml einops
+    hydra-core numpy pandas pyyaml einops "accelerate==1.4.0"
   bert_padding "$py"
 }
 

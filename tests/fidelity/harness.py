@@ -14,8 +14,8 @@ import torch
 import yaml
 
 from core.paths import PROJECT_ROOT
-from tests.fidelity.compare import (ENGINE_TOL, TOL, diffs, engine_failures, engine_rm_diffs, failures, rm_diffs,
-                                    vacuous)
+from tests.fidelity.compare import TOL, diffs, failures, rm_diffs, vacuous
+from tests.fidelity.compare_engine import ENGINE_TOL, engine_failures, engine_rl_diffs, engine_rm_diffs
 
 HERE = Path(__file__).parent
 SOURCES: dict[str, dict] = yaml.safe_load((HERE / "sources.yaml").read_text())
@@ -35,9 +35,29 @@ def env_python(env: str) -> Path:
     return py
 
 
-def _run(cmd: list, timeout: int) -> None:
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    out = subprocess.run([str(c) for c in cmd], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+def extensions_dir(env: str) -> Path:
+    """Where a source env's DeepSpeed builds its CPU ops (torch's JIT extensions): a folder of the env's own. The
+    project's venv builds ops of the same names (``deepspeed_shm_comm``, ``cpu_adam``) against its own DeepSpeed into
+    the folder tests/conftest.py names; an env building into that one replaces them with its DeepSpeed's build, and
+    the project's DeepSpeed then loads a module it does not fit (``deepspeed_shm_comm has no attribute
+    vector_kernel_level``, seen in make test)."""
+    return ENVS / env / "torch_extensions"
+
+
+def run_env(env: str | None = None) -> dict[str, str]:
+    """The environment of a check's command: this one's, one thread per process, and for a driver run in source env
+    ``env`` its own :func:`extensions_dir` in place of the project's."""
+    out = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if env is not None:
+        out["TORCH_EXTENSIONS_DIR"] = str(extensions_dir(env))
+    return out
+
+
+def _run(cmd: list, timeout: int, env: str | None = None, cwd: Path = PROJECT_ROOT) -> None:
+    """``cmd`` with :func:`run_env` (``env``: the source env a driver runs in), in ``cwd``: a driver runs in its
+    check's folder, where what a source's script writes to its working directory lands (Open-Instruct's
+    ``reward_modeling.main`` writes TensorBoard events to ``runs/``)."""
+    out = subprocess.run([str(c) for c in cmd], cwd=cwd, env=run_env(env), capture_output=True, text=True,
                          timeout=timeout)
     if out.returncode:
         raise AssertionError(f"{' '.join(map(str, cmd[:3]))} ... exited {out.returncode}:\n{out.stderr[-4000:]}")
@@ -52,7 +72,7 @@ def check_rl(recipe: str, tmp: Path, driver: str, *overrides: str, timeout: int 
     py = env_python(src["env"])
     _run([sys.executable, "-m", "tests.fidelity.ours_rl", recipe, tmp, *REWARD, *overrides], timeout)
     given = {"defaults": src.get("defaults", {}), **({"deviations": src["deviations"]} if "deviations" in src else {})}
-    _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
+    _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout, src["env"], tmp)
     ours = torch.load(tmp / "ours.pt", weights_only=False)["steps"]
     theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
     critic = tmp / "init_critic" / "model.safetensors"  # PPO's value model before the first step
@@ -71,7 +91,7 @@ def check_rm(recipe: str, tmp: Path, driver: str, timeout: int = 900) -> list[di
     py = env_python(src["env"])
     _run([sys.executable, "-m", "tests.fidelity.ours_rm", recipe, tmp], timeout)
     given = {"defaults": src.get("defaults", {}), "deviations": src.get("deviations", {})}
-    _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
+    _run([py, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout, src["env"], tmp)
     ours = torch.load(tmp / "ours.pt", weights_only=False)
     theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
     per_step = rm_diffs(ours, theirs)
@@ -97,21 +117,26 @@ def _conclude(recipe: str, ran: dict, per_step: list[dict], ours: list[dict]) ->
     return per_step
 
 
-def check_rm_engine(recipe: str, tmp: Path, driver: str, timeout: int = 900) -> list[dict]:
-    """The reward-model check again at the source's engine (sources.yaml ``engine``: dtype, ZeRO stage, ranks): ours
-    under torchrun at that dtype and stage, the source's driver under torchrun at its own (bf16: its DeepSpeed bf16
-    with fp32 master weights); compared with :data:`tests.fidelity.compare.ENGINE_TOL`, written to
-    ``$FIDELITY_REPORT/engine/<recipe>.json``."""
+def check_engine(recipe: str, tmp: Path, driver: str, timeout: int = 900) -> list[dict]:
+    """A recipe's check again at its source's engine (sources.yaml ``engine``, docs/fidelity.md "Engines"): ours
+    under torchrun on ``ranks`` ranks with the recipe's own ZeRO node at ``dtype`` (``--engine``: bf16 with
+    DeepSpeed's fp32 master weights), the source's ``driver`` under torchrun at its own engine (given ``engine``:
+    DeepSpeed bf16 at the command's or launcher's ZeRO stage, or veRL's FSDP); compared with
+    :data:`tests.fidelity.compare_engine.ENGINE_TOL`, written to ``$FIDELITY_REPORT/engine/<recipe>.json``."""
     src = SOURCES[recipe]
     eng, py = src["engine"], env_python(src["env"])
+    rm = driver.endswith("_rm.py")
     ranks = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={eng['ranks']}"]
-    _run([sys.executable, *ranks, "-m", "tests.fidelity.ours_rm", recipe, tmp, f"zero={eng['zero']}",
-          f"model.dtype={eng['dtype']}"], timeout)
-    given = {"deviations": src.get("deviations", {}), "engine": {"dtype": eng["dtype"]}}
-    _run([py, *ranks, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout)
+    ours_cmd = ["-m", f"tests.fidelity.{'ours_rm' if rm else 'ours_rl'}", recipe, tmp, "--engine"]
+    _run([sys.executable, *ranks, *ours_cmd, f"model.dtype={eng['dtype']}", *([] if rm else REWARD)], timeout)
+    given = {"defaults": src.get("defaults", {}), "deviations": src.get("deviations", {}), "engine": eng}
+    _run([py, *ranks, HERE / driver, PROJECT_ROOT / src["source"], tmp, json.dumps(given)], timeout, src["env"], tmp)
     ours = torch.load(tmp / "ours.pt", weights_only=False)
     theirs = torch.load(tmp / f"{src['package']}.pt", weights_only=False)
-    per_step = engine_rm_diffs(ours, theirs)
+    ran = {"zero_stage": ours["meta"]["zero_stage"], "dtype": ours["meta"]["dtype"], "world": ours["meta"]["world"]}
+    want = {"zero_stage": int(eng["zero"].removeprefix("stage")), "dtype": eng["dtype"], "world": eng["ranks"]}
+    assert ran == want, f"{recipe}: our side ran {ran}, sources.yaml's engine says {want} (the recipe's ZeRO node)"
+    per_step = engine_rm_diffs(ours, theirs) if rm else engine_rl_diffs(ours, theirs)
     (REPORT_DIR / "engine").mkdir(parents=True, exist_ok=True)
     report = {"recipe": recipe, "package": src["package"], "version": src["version"], "engine": eng,
               "ran": theirs["versions"], "tolerance": ENGINE_TOL, "steps": per_step}

@@ -43,6 +43,7 @@ for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
 import torch  # noqa: E402
 
 from tests.fidelity.open_instruct_rl import free_port, run  # noqa: E402
+from tests.fidelity.their_launch import accelerate_env  # noqa: E402
 from tests.fidelity.their_init import v4_folder  # noqa: E402
 
 
@@ -56,21 +57,9 @@ def command(command_file: Path) -> tuple[list[str], list[str]]:
 
 def launch_env(launcher: list[str], src: Path, mixed_precision: str) -> None:
     """The environment ``accelerate launch`` gives the script, from the commit's launcher config by accelerate's own
-    code, with one process on this machine and ``mixed_precision`` (fp32 check: ``no``; the config's is bf16)."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils.launch import prepare_deepspeed_cmd_env
-
-    argv = [w if not w.startswith("configs/") else str(src / w) for w in launcher]
-    world = os.environ["WORLD_SIZE"]
-    args = launch_command_parser().parse_args([*argv, "--num_processes", world, "--mixed_precision", mixed_precision,
-                                               "reward_modeling.py"])
-    args, defaults, mp_from_config = _validate_launch_command(args)
-    # as launch_command does before deepspeed_launcher (accelerate 0.31 commands/launch.py): the config's DeepSpeed
-    # fields, and mixed_precision when the config set it
-    fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
-    args.deepspeed_fields_from_accelerate_config = ",".join(fields)
-    _, env = prepare_deepspeed_cmd_env(args)
-    os.environ.update({k: v for k, v in env.items() if k.startswith(("ACCELERATE_", "FSDP_"))})
+    code (tests/fidelity/their_launch.py), on the launched ranks and with ``mixed_precision`` (fp32 check: ``no``;
+    the config's is bf16)."""
+    accelerate_env([w if not w.startswith("configs/") else str(src / w) for w in launcher], mixed_precision)
 
 
 def tiny_args(rm, flags: list[str], meta: dict, init: Path, out: Path):

@@ -2,6 +2,8 @@
 never in .venv.
 
     python tests/fidelity/openrlhf_rm.py SOURCE_COMMAND OURS_DIR [GIVEN_JSON]   ({"deviations": {...}}: sources.yaml's)
+    torchrun --nproc_per_node 2 tests/fidelity/openrlhf_rm.py SOURCE_COMMAND OURS_DIR \
+        '{"engine": {"dtype": "bfloat16"}}'
 
 Runs OpenRLHF's own ``openrlhf.cli.train_rm`` as ``deepspeed --module openrlhf.cli.train_rm`` would, in one process:
 its argument parser takes the recipe's command (tests/fidelity/openrlhf/RECIPE.sh, the flags the recipe cites) with
@@ -24,6 +26,11 @@ On the CPU: fp32 (no ``--bf16``), ``sdpa`` attention (no ``--attn_implementation
 forwards (no ``--packing_samples``: OpenRLHF packs only under flash attention's varlen kernels; it runs the same
 tokens padded); ``torch.cuda.set_device`` and ``synchronize`` do nothing, ``init_device_mesh`` builds the mesh on the
 CPU and ``torch.cuda.current_device()`` is ``"cpu"`` (the trainer moves each batch there).
+
+An engine check (GIVEN_JSON ``engine``, under ``torchrun``; docs/fidelity.md "Engines") keeps the command's ``--bf16``
+(DeepSpeed bf16, fp32 master weights in its optimiser) at the command's ZeRO stage over the launched ranks: each rank
+trains the pairs our rank of the same number took, and ``weights`` are the fp32 master weights, gathered; rank 0
+writes every rank's micro-batches, in rank order.
 """
 from __future__ import annotations
 
@@ -37,10 +44,14 @@ from importlib import metadata
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported
-# DeepSpeed's JIT kernels built for this env's DeepSpeed and torch, kept in the env: in the shared default
-# (~/.cache/torch_extensions) the project's own DeepSpeed builds kernels of the same names; each rebuilt the other's
+# DeepSpeed's JIT kernels built for this env's DeepSpeed and torch, kept in the env (run by hand; the harness names
+# the same folder: tests/fidelity/harness.py extensions_dir): the project's own DeepSpeed builds kernels of the same
+# names into its own folder, and each would load the other's build
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
-for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+# LOCAL_SIZE: the ranks on this node, which DeepSpeed's CPU accelerator otherwise counts with numactl (torchrun sets
+# the ranks' variables for an engine check; one rank otherwise)
+for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                   "LOCAL_SIZE": os.environ.get("LOCAL_WORLD_SIZE", "1"), "MASTER_ADDR": "127.0.0.1"}.items():
     os.environ.setdefault(key, value)
 
 import torch  # noqa: E402
@@ -84,14 +95,18 @@ def source_flags(command_file: Path) -> list[str]:
     return words[words.index("openrlhf.cli.train_rm") + 1:]
 
 
-def cli_args(flags: list[str], meta: dict, init: Path, out: Path, deviations: dict) -> list[str]:
+def cli_args(flags: list[str], meta: dict, init: Path, out: Path, deviations: dict, bf16: bool = False) -> list[str]:
     """The source's flags with :data:`DROPPED` replaced by the CPU's and the tiny run's values, and each named
-    deviation's flags (:data:`DEVIATION_FLAGS`: a new value, or None to drop the flag)."""
+    deviation's flags (:data:`DEVIATION_FLAGS`: a new value, or None to drop the flag); ``bf16`` (an engine check)
+    keeps the command's ``--bf16``."""
     changed = {k: v for name in deviations for k, v in DEVIATION_FLAGS[name].items()}
+    if bf16 and "--bf16" not in flags:
+        raise AssertionError("an engine check in bf16 runs the command's --bf16, which this command does not set")
+    dropped = DROPPED - {"--bf16"} if bf16 else DROPPED
     kept, skip = [], False
     for word in flags:
         if word.startswith("--"):
-            skip = word in DROPPED or word in changed
+            skip = word in dropped or word in changed
             if word in changed and changed[word] is not None:
                 kept += [word, changed[word]]
         if not skip:
@@ -115,6 +130,13 @@ def gathered_state(model) -> dict:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def master_weights(engine) -> dict:
+    """The fp32 master weights of a DeepSpeed engine in bf16, gathered (a collective: every rank calls it)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    return {n: safe_get_full_fp32_param(p).detach().float().clone() for n, p in engine.module.named_parameters()}
+
+
 def load_ours(model, init: dict) -> None:
     """Our initial weights over the model OpenRLHF built (strict: every name, LoRA's included, must match)."""
     params = [p for p in model.parameters() if hasattr(p, "ds_id")]
@@ -126,14 +148,16 @@ def load_ours(model, init: dict) -> None:
 
 class RecordedOrder(DistributedSampler):
     """OpenRLHF's sampler with our draw in place of its seeded permutation: the training pairs in the order our steps
-    took them (one rank, so its rank slicing keeps all); unshuffled loaders (the eval split) unchanged."""
+    took them, sliced by rank as its own permutation is (``indices[rank::num_replicas]``; our rank r trains
+    ``order[r::world]`` of each step's draw: recipes/rm.py ``rm_step``); unshuffled loaders (the eval split)
+    unchanged."""
 
     order: list[int] = []
 
     def __iter__(self):
         if not self.shuffle:
             return super().__iter__()
-        return iter(self.order[self.consumed_indicies:])
+        return iter(self.order[self.rank::self.num_replicas][self.consumed_indicies:])
 
 
 def instrument(ours: dict, record: dict) -> None:
@@ -195,7 +219,7 @@ def _instrument_trainer(trainer: RewardModelTrainer, record: dict) -> None:
             s = record["steps"][-1]
             s["grad_norm"].append(float(model.get_global_grad_norm()))
             s["lr"].append(float(lr))
-            s["weights"] = gathered_state(model.module)
+            s["weights"] = master_weights(model) if model.bfloat16_enabled() else gathered_state(model.module)
 
     trainer.concatenated_inputs, trainer.concatenated_forward, trainer.loss_fn = inputs, forward, loss
     trainer.strategy.optimizer_step = stepped
@@ -235,20 +259,34 @@ def cpu_only() -> None:
     torch.cuda.current_device = lambda: "cpu"
 
 
+def every_rank(record: dict) -> bool:
+    """On rank 0, each step's micro-batches of every rank, in rank order (the layout of our gathered record:
+    tests/fidelity/ours_rm.py ``gathered_steps``); False on the other ranks, which write nothing."""
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return True
+    every = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every, [s["micro"] for s in record["steps"]])
+    record["steps"] = [{**s, "micro": [m for r in every for m in r[i]]} for i, s in enumerate(record["steps"])]
+    return torch.distributed.get_rank() == 0
+
+
 def main(command_file: str, ours_dir: str, given: str = "{}") -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("MASTER_PORT", free_port())
     out = Path(ours_dir)
     ours = torch.load(out / "ours.pt", weights_only=False)
     given = json.loads(given)
+    bf16 = given.get("engine", {}).get("dtype") == "bfloat16"
     argv = cli_args(source_flags(Path(command_file)), ours["meta"], their_init(out), out / "openrlhf_run",
-                    given.get("deviations", {}))
+                    given.get("deviations", {}), bf16)
     record: dict = {"steps": [], "argv": argv, "given": given}
     cpu_only()
     schedule_over_kept_groups()
     instrument(ours, record)
     sys.argv = ["openrlhf.cli.train_rm", *argv]
     runpy.run_module("openrlhf.cli.train_rm", run_name="__main__", alter_sys=True)
+    if not every_rank(record):
+        return
     versions = {m: metadata.version(m) for m in ("openrlhf", "transformers", "torch", "deepspeed", "peft")}
     torch.save({"versions": versions, **record}, out / "openrlhf.pt")
 

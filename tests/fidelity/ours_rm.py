@@ -1,7 +1,7 @@
 """Our side of a reward-model fidelity check: run a recipe's real RM steps at ``scale=tiny`` on fixed pairs and record
 what the source's step is then fed and compared on (docs/fidelity.md).
 
-    python -m tests.fidelity.ours_rm RECIPE OUT_DIR [override ...]
+    python -m tests.fidelity.ours_rm RECIPE OUT_DIR [--engine] [override ...]
 
 Runs ``recipes.rm.setup`` and ``recipes.rm.rm_step`` unchanged on the pairs of tests/fidelity/openrlhf/pairs.jsonl
 (chat message lists, as the recipes' hub data; two run past the tiny ``max_len`` and one is the same on both sides);
@@ -15,6 +15,11 @@ tokenizer; a LoRA recipe's base weights, its adapter in ``init/adapter/``), and 
   padded batch ``input_ids``/``attention_mask [2B, L]`` (chosen rows, then rejected, whether ``train.packing`` packed
   them or not), the rewards ``[2B]`` and the loss; ``grad_norm``, ``lr`` (one each), and ``weights``: the state dict
   after the step.
+
+``--engine`` (an engine check under ``torchrun``, docs/fidelity.md "Engines"): the recipe's own ZeRO node at the
+dtype the overrides give (tests/fidelity/ours_rl.py ``engine_run``); ``init`` and ``weights`` are then DeepSpeed's
+fp32 master weights, and each step's ``micro`` every rank's micro-batches in rank order (``rank_orders``: the pairs
+each rank took).
 """
 from __future__ import annotations
 
@@ -24,11 +29,10 @@ from pathlib import Path
 
 import torch
 
-from core.config import pipeline
 from core.config.composition import compose
 from core.paths import PROJECT_ROOT
 from recipes import rm
-from tests.fidelity.ours_rl import RUN
+from tests.fidelity.ours_rl import RUN, engine_run, keep_given, parse, weights
 
 PAIRS = PROJECT_ROOT / "tests" / "fidelity" / "openrlhf" / "pairs.jsonl"
 # What every RM check sets on top of the RL checks' single fp32 CPU process (RUN, less its RL-only keys), through the
@@ -103,18 +107,6 @@ def save_init(run: rm.Run, out: Path) -> dict:
     return state
 
 
-def master_weights(run: rm.Run) -> dict | None:
-    """Under DeepSpeed (an engine check: bf16 with fp32 master weights, ZeRO over ranks) the fp32 master weights,
-    gathered (``safe_get_full_fp32_param``, a collective: every rank calls it); None for the plain engine."""
-    ds = getattr(run.engine, "engine", None)
-    if ds is None:
-        return None
-    from deepspeed.utils import safe_get_full_fp32_param
-
-    return {n.removeprefix("inner."): safe_get_full_fp32_param(p).detach().float().clone()
-            for n, p in ds.module.named_parameters()}
-
-
 def gathered_steps(steps: list[dict]) -> list[dict]:
     """Every rank's micro-batches of each step, in rank order, and the pairs each rank took (``rank_orders``)."""
     from core.training import distributed
@@ -125,26 +117,24 @@ def gathered_steps(steps: list[dict]) -> list[dict]:
             for i, s in enumerate(steps)]
 
 
-def main(recipe: str, out_dir: str, *overrides: str) -> None:
+def main(argv: list[str]) -> None:
+    recipe, out_dir, engine, overrides = parse(argv, "tests.fidelity.ours_rm")
     torch.set_num_threads(1)
     out = Path(out_dir)
     _Hydra.dir = str(out / "run")
     rm.HydraConfig = _Hydra
-    # the overrides given here are this run's command line: scale=tiny keeps their values (an engine check's
-    # model.dtype=bfloat16), as it keeps a Hydra job's (core/config/scale.py command_line_keys)
-    pipeline.command_line_keys = lambda: tuple(o.split("=", 1)[0].lstrip("+") for o in overrides)
-    cfg = compose([f"recipe={recipe}", f"recipe_name={recipe}", f"paths.results_dir={out}/results", *RM_RUN,
-                   *overrides])
+    keep_given(overrides)
+    cfg = compose([f"recipe={recipe}", f"recipe_name={recipe}", f"paths.results_dir={out}/results",
+                   *(engine_run(RM_RUN) if engine else RM_RUN), *overrides])
     run = rm.setup(cfg)
     init = save_init(run, out)
-    init = master_weights(run) or init
+    init = weights(run.engine) if engine else init  # the fp32 master weights (LoRA: save_init's peft names)
     steps: list[dict] = []
     _record(run, steps)
     while run.step < run.plan.total_steps:
         rm.rm_step(run)
         run.step += 1
-        steps[-1]["weights"] = master_weights(run) or {k: v.detach().clone()
-                                                       for k, v in run.engine.module.state_dict().items()}
+        steps[-1]["weights"] = weights(run.engine)
     steps = gathered_steps(steps)
     from core.training import distributed
     if not distributed.is_main():
@@ -164,6 +154,4 @@ def main(recipe: str, out_dir: str, *overrides: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit("usage: python -m tests.fidelity.ours_rm RECIPE OUT_DIR [override ...]")
-    main(*sys.argv[1:])
+    main(sys.argv[1:])

@@ -6,7 +6,8 @@ import copy
 
 import torch
 
-from tests.fidelity.compare import diffs, engine_failures, engine_rm_diffs, failures, rm_diffs, vacuous
+from tests.fidelity.compare import diffs, failures, rm_diffs, vacuous
+from tests.fidelity.compare_engine import engine_failures, engine_rm_diffs
 
 
 def _record(seed: int = 0) -> tuple[list[dict], dict]:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from core.paths import CONF_DIR
-from tests.fidelity.harness import SOURCES, check_rl, check_rm, check_rm_engine
+from tests.fidelity.harness import SOURCES, check_engine, check_rl, check_rm
 
 # The driver that runs each package's step code in its env.
 DRIVERS = {"trl": "trl_grpo.py", "verl": "verl_grpo.py", "open_instruct": "open_instruct_rl.py"}
 # Reward-model recipes' drivers (sources.yaml ``driver``, else OpenRLHF's train_rm: tests/fidelity/openrlhf_rm.py).
 RM_STEP = sorted(r for r, s in SOURCES.items()
                  if s["check"] == "step" and (s["package"] == "openrlhf" or s.get("driver", "").endswith("_rm.py")))
-# Checked again at the source's engine (sources.yaml ``engine``: bf16, fp32 master weights, its ZeRO stage, 2 ranks).
+# Checked again at the source's engine (sources.yaml ``engine``: bf16, fp32 master weights, the sharding, 2 ranks).
 ENGINE = sorted(r for r, s in SOURCES.items() if "engine" in s)
 RL_STEP = sorted(r for r, s in SOURCES.items() if s["check"] == "step" and s["package"] in DRIVERS and r not in RM_STEP)
 
@@ -25,6 +25,9 @@ def test_every_named_recipe_says_how_it_is_checked():
         assert src["check"] in ("step", "function"), recipe
         assert (src["check"] == "step") == (src["package"] is not None), recipe
     assert len(RL_STEP) == 11 and len(RM_STEP) == 4
+    # issue 41: at least one recipe of each source family at its engine (Open-R1 on TRL, SimpleRL-Zoo on veRL,
+    # OpenRLHF, Open-Instruct)
+    assert {SOURCES[r]["package"] for r in ENGINE} == {"trl", "verl", "openrlhf", "open_instruct"}
 
 
 @pytest.mark.fidelity
@@ -44,5 +47,7 @@ def test_rm_steps_match_the_source(recipe, tmp_path):
 @pytest.mark.fidelity
 @pytest.mark.parametrize("recipe", ENGINE)
 def test_engine_steps_match_the_source(recipe, tmp_path):
-    per_step = check_rm_engine(recipe, tmp_path, SOURCES[recipe].get("driver", "openrlhf_rm.py"))
-    assert len(per_step) == 3
+    rm = recipe in RM_STEP
+    driver = SOURCES[recipe].get("driver", "openrlhf_rm.py") if rm else DRIVERS[SOURCES[recipe]["package"]]
+    per_step = check_engine(recipe, tmp_path, driver)
+    assert len(per_step) == (3 if rm else 2)

@@ -1,6 +1,8 @@
 """TRL's side of an Open-R1 fidelity check, run in the TRL 0.18.0 env (tests/fidelity/envs.sh trl), never in .venv.
 
     python tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR [GIVEN_JSON]   ({"defaults": {...}}: sources.yaml's)
+    torchrun --nproc_per_node 2 tests/fidelity/trl_grpo.py SOURCE_YAML OURS_DIR \
+        '{"engine": {"dtype": "bfloat16", "launcher": "tests/fidelity/open_r1/accelerate_zero2.yaml"}}'
 
 Parses the Open-R1 recipe YAML (a verbatim copy, tests/fidelity/open_r1/) into TRL's own ``GRPOConfig`` as Open-R1's
 ``TrlParser`` does (keys that are not GRPOConfig fields dropped), changes only what a CPU and the tiny scale need
@@ -11,21 +13,38 @@ accumulation, clipping, AdamW and schedule. Fed from our record, as a seeded run
 step (the sampler's draw), the completions (``model.generate`` returns them), the rewards (one reward function
 returns the recorded score of each completion) and the mini-batch shuffle's permutation. Writes ``OURS_DIR/trl.pt``
 with the same fields as ours.pt (tests/fidelity/ours_rl.py) where TRL has them.
+
+An engine check (GIVEN_JSON ``engine``, under ``torchrun``; docs/fidelity.md "Engines") runs as ``accelerate launch
+--config_file LAUNCHER`` runs Open-R1's script: accelerate's own launcher code turns the recipe's launcher config
+(tests/fidelity/open_r1/accelerate_zero2.yaml: DeepSpeed ZeRO-2, bf16) into the environment its ``Accelerator``
+and the HF Trainer read, and the YAML's own ``bf16: true`` and ``torch_dtype: bfloat16`` stay (DeepSpeed bf16 with
+fp32 master weights). Each process takes its contiguous slice of each step's prompts (accelerate's batch sharding of
+TRL's sampler) and is fed our rank's completions and permutation; TRL gathers the rewards for the group advantages.
+Recorded at each DeepSpeed accumulation boundary: the gradient norm, the lr and the fp32 master weights, gathered.
+``trl.pt`` then holds ``ranks`` (every rank's steps, in rank order) and ``steps`` (rank 0's, with the weights). One
+stand-in: TrainingArguments refuses ``bf16`` on a machine without a GPU's bf16 unless ``use_cpu``, which turns
+accelerate's DeepSpeed off; its GPU check answers yes (this CPU computes in bf16).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
-import yaml
-from datasets import Dataset
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
-from trl.trainer import grpo_trainer
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported (an engine check runs it)
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))  # harness.extensions_dir
+# LOCAL_SIZE: the ranks on this node, which DeepSpeed's CPU accelerator otherwise counts with numactl
+os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl.trainer import grpo_trainer  # noqa: E402
 
 # What the CPU needs, against the YAML: fp32 (the YAML's bf16 is a GPU dtype; both sides run fp32), transformers'
 # generate in place of vLLM (and it only returns the recorded completions), no Liger kernels (Triton, CUDA only;
@@ -36,9 +55,11 @@ CPU_TINY = {"bf16": False, "use_cpu": True, "use_vllm": False, "use_liger_kernel
             "log_completions": False, "logging_steps": 1, "dataloader_num_workers": 0}
 
 
-def source_args(source_yaml: Path, meta: dict, out_dir: str, defaults: dict) -> tuple[GRPOConfig, dict]:
+def source_args(source_yaml: Path, meta: dict, out_dir: str, defaults: dict,
+                engine: bool = False) -> tuple[GRPOConfig, dict]:
     """The recipe YAML as GRPOConfig over ``defaults`` (the cited TRL commit's, where they differ from the installed
-    release: tests/fidelity/sources.yaml), with the CPU changes and the tiny scale's batch shape; also the YAML."""
+    release: tests/fidelity/sources.yaml), with the CPU changes and the tiny scale's batch shape; also the YAML. An
+    engine check keeps the YAML's ``bf16`` (and leaves the device to accelerate's DeepSpeed)."""
     raw = yaml.safe_load(source_yaml.read_text())
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     # reward_weights: one reward function returns the recorded weighted total (the verifiers are checked on their own)
@@ -46,7 +67,8 @@ def source_args(source_yaml: Path, meta: dict, out_dir: str, defaults: dict) -> 
     shape = {"per_device_train_batch_size": meta["micro_batch_size"],
              "gradient_accumulation_steps": meta["grad_accum"], "num_generations": meta["group_size"],
              "max_completion_length": meta["max_new_tokens"], "max_steps": meta["total_steps"]}
-    return GRPOConfig(**{**defaults, **kept, **CPU_TINY, **shape, "output_dir": out_dir}), raw
+    cpu = {k: v for k, v in CPU_TINY.items() if not (engine and k in ("bf16", "use_cpu"))}
+    return GRPOConfig(**{**defaults, **kept, **cpu, **shape, "output_dir": out_dir}), raw
 
 
 class StepSampler(torch.utils.data.Sampler):
@@ -90,8 +112,9 @@ class Recorder(TrainerCallback):
                                                          for k, v in self.model.state_dict().items()}
 
 
-def instrument(trainer: GRPOTrainer, model, ours: list[dict], record: list[dict]) -> None:
-    """Feed the recorded completions, rewards and permutation in; record what TRL computes from them."""
+def instrument(trainer: GRPOTrainer, model, ours: list[dict], record: list[dict], engine: bool = False) -> None:
+    """Feed the recorded completions, rewards and permutation in; record what TRL computes from them (an engine
+    check's gradient norms, lr and weights: :func:`record_boundaries`)."""
     P = [s["prompt_length"] for s in ours]
 
     def generate(prompt_ids, attention_mask=None, generation_config=None):  # the recorded step's completions
@@ -131,8 +154,65 @@ def instrument(trainer: GRPOTrainer, model, ours: list[dict], record: list[dict]
 
     model.generate = generate
     trainer._generate_and_score_completions, trainer._get_per_token_logps = scored, logps
-    trainer.compute_loss, trainer.accelerator.clip_grad_norm_ = loss, clip
+    trainer.compute_loss = loss
+    if not engine:  # under DeepSpeed, accelerate's clip_grad_norm_ returns None: DeepSpeed clips in its step
+        trainer.accelerator.clip_grad_norm_ = clip
     grpo_trainer.shuffle_tensor_dict = shuffle
+
+
+def launch(engine: dict) -> None:
+    """An engine check's launch: the environment ``accelerate launch --config_file LAUNCHER`` gives (accelerate's own
+    code, tests/fidelity/their_launch.py), and TrainingArguments' bf16 check answered for this CPU (the module
+    docstring)."""
+    import transformers.training_args
+
+    from tests.fidelity.their_launch import accelerate_env
+
+    root = Path(__file__).resolve().parents[2]  # the launcher's path is the project's (sources.yaml)
+    accelerate_env(["--config_file", str(root / engine["launcher"])])
+    transformers.training_args.is_torch_bf16_gpu_available = lambda: True
+
+
+def record_boundaries(record: list[dict]) -> None:
+    """At each DeepSpeed accumulation boundary: the lr the step takes, then the gradient norm DeepSpeed clipped by and
+    the fp32 master weights after the step, gathered (a collective: every rank steps)."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    step = deepspeed.DeepSpeedEngine.step
+
+    def stepped(engine, *args, **kwargs):
+        boundary, lr = engine.is_gradient_accumulation_boundary(), engine.get_lr()[0]
+        out = step(engine, *args, **kwargs)
+        if boundary and engine.optimizer is not None:  # the reference's engine has no optimiser
+            record[-1]["grad_norm"].append(float(engine.get_global_grad_norm()))
+            record[-1]["lr"].append(float(lr))
+            record[-1]["weights"] = {n: safe_get_full_fp32_param(p).detach().float().clone()
+                                     for n, p in engine.module.named_parameters()}
+        return out
+
+    deepspeed.DeepSpeedEngine.step = stepped
+
+
+def step_prompts(rec: dict) -> list[dict]:
+    """Each step's prompts over every rank, in rank order (an engine check: rank r's rows are its contiguous slice of
+    the step's group-major rows, each rank's whole groups)."""
+    G, steps = rec["meta"]["group_size"], []
+    for i in range(len(rec["steps"])):
+        per_rank = [r[i] for r in rec["ranks"]]
+        if any(s["input_ids"].shape[0] != G * len(s["prompts"]) for s in per_rank):
+            raise AssertionError(f"step {i + 1}: a group spans ranks; TRL's sampler hands each process whole groups "
+                                 "here only when each rank's rows are")
+        steps.append({"prompts": [p for s in per_rank for p in s["prompts"]]})
+    return steps
+
+
+def every_rank(record: list[dict]) -> list[list[dict]] | None:
+    """Every rank's record (weights left out), in rank order, on rank 0; None on the others."""
+    dist = torch.distributed
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, [{k: v for k, v in s.items() if k != "weights"} for s in record])
+    return ranks if dist.get_rank() == 0 else None
 
 
 def recorded_reward(ours: list[dict], record: list[dict]):
@@ -165,25 +245,35 @@ def load_tokenizer(path: Path):
 
 def main(source_yaml: str, ours_dir: str, given: str = "{}") -> None:
     torch.set_num_threads(1)
-    ours_dir = Path(ours_dir)
-    rec = torch.load(ours_dir / "ours.pt", weights_only=False)
-    meta, ours = rec["meta"], rec["steps"]
+    ours_dir, given = Path(ours_dir), json.loads(given)
+    rec, engine = torch.load(ours_dir / "ours.pt", weights_only=False), given.get("engine")
+    if engine:
+        launch(engine)
+    meta = rec["meta"]
+    ours = rec["ranks"][int(os.environ["RANK"])] if engine else rec["steps"]  # this process's rows
     args, raw = source_args(Path(source_yaml), meta, tempfile.mkdtemp(dir=ours_dir, prefix="trl_"),
-                            json.loads(given).get("defaults", {}))
+                            given.get("defaults", {}), engine=bool(engine))
     tok = load_tokenizer(ours_dir / "init")
     if raw.get("chat_template"):  # Open-R1's get_tokenizer: the YAML's template replaces the checkpoint's
         tok.chat_template = raw["chat_template"]
-    model = AutoModelForCausalLM.from_pretrained(ours_dir / "init", torch_dtype=torch.float32,
-                                                 attn_implementation="sdpa")
-    data, order = dataset(ours, raw, meta["group_size"])
+    dtype = getattr(torch, raw["torch_dtype"]) if engine else torch.float32  # Open-R1 loads at the YAML's dtype
+    model = AutoModelForCausalLM.from_pretrained(ours_dir / "init", torch_dtype=dtype, attn_implementation="sdpa")
+    data, order = dataset(step_prompts(rec) if engine else ours, raw, meta["group_size"])
     record: list[dict] = []
     trainer = GRPOTrainer(model=model, reward_funcs=[recorded_reward(ours, record)], args=args, train_dataset=data,
-                          processing_class=tok, callbacks=[Recorder(model, record)])
+                          processing_class=tok, callbacks=[] if engine else [Recorder(model, record)])
     trainer._get_train_sampler = lambda *a: StepSampler(order, trainer.num_iterations * args.steps_per_generation)
-    instrument(trainer, model, ours, record)
+    instrument(trainer, model, ours, record, bool(engine))
+    if engine:
+        record_boundaries(record)
     trainer.train()
-    versions = {m: sys.modules[m].__version__ for m in ("trl", "transformers", "torch", "accelerate")}
-    torch.save({"args": args.to_dict(), "versions": versions, "steps": record}, ours_dir / "trl.pt")
+    ranks = every_rank(record) if engine else None
+    if engine and ranks is None:
+        return
+    versions = {m: sys.modules[m].__version__
+                for m in ("trl", "transformers", "torch", "accelerate", *(["deepspeed"] if engine else []))}
+    extra = {"ranks": ranks} if engine else {}
+    torch.save({"args": args.to_dict(), "versions": versions, "steps": record, **extra}, ours_dir / "trl.pt")
 
 
 if __name__ == "__main__":
