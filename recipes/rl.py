@@ -39,7 +39,7 @@ from core.algorithms.kl_control import KLController
 from core.config.frozen import FrozenConfig
 from core.config.pipeline import prepare, recorded
 from core.config.plan import RLPlan
-from core.config.resume import check_resume_config, write_config
+from core.config.resume import check_resume_config, hydra_run_dir, write_config
 from core.config.rows import checked_plan
 from core.data import prompts as D
 from core.models.loading import load_tokenizer, model_dir
@@ -53,6 +53,7 @@ from core.training.backend import Backend, FrozenModel, TrainEngine
 from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
 from core.training.device import check_precision, resolve_device
+from core.training.lifecycle import run_lifecycle
 from recipes.rl_models import critic_optim, policy_start, setup_models
 from recipes.rl_rewards import Scorers, evaluate, log_samples, reward_metrics, score, scorers
 from recipes.rl_update import in_reward_kl, rollout_forwards, update
@@ -107,6 +108,10 @@ class Run:
             (Path(out_dir) / "critic").mkdir(exist_ok=True)
             self.critic.save_state(Path(out_dir) / "critic")
 
+    def state_bytes(self) -> int:
+        """The bytes :meth:`save_state` writes (the free-space check before a first checkpoint)."""
+        return self.engine.state_bytes() + (self.critic.state_bytes() if self.critic is not None else 0)
+
     def load_state(self, out_dir) -> None:
         self.engine.load_state(out_dir)
         if self.critic is not None:
@@ -116,15 +121,17 @@ class Run:
 def main(cfg, run_dir: str | None = None) -> float:
     """Setup, train, save; returns the final greedy held-out accuracy (the sweep objective).
     ``run_dir`` defaults to Hydra's run dir (given explicitly by tests that compose configs). A run dir
-    that holds a finished run is not run again (``resume`` true or auto): its recorded objective returns."""
-    try:
-        run = setup(cfg, run_dir)
-    except AlreadyFinished as done:
-        log.info("%s already finished (%d steps); a larger train.total_steps extends it", done.summary["run_dir"],
-                 done.summary["steps"])
-        return float(done.summary["eval_after"])
-    train(run)
-    return save(run)
+    that holds a finished run is not run again (``resume`` true or auto): its recorded objective returns. The run
+    holds its run dir alone and ends the process group it started (core/training/lifecycle.py)."""
+    with run_lifecycle(run_dir or hydra_run_dir()):
+        try:
+            run = setup(cfg, run_dir)
+        except AlreadyFinished as done:
+            log.info("%s already finished (%d steps); a larger train.total_steps extends it", done.summary["run_dir"],
+                     done.summary["steps"])
+            return float(done.summary["eval_after"])
+        train(run)
+        return save(run)
 
 
 def setup(cfg, run_dir: str | None = None) -> Run:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from core.config.frozen import FrozenConfig
 from core.config.pipeline import prepare, recorded
 from core.config.plan import RMPlan
-from core.config.resume import check_resume_config, write_config
+from core.config.resume import check_resume_config, hydra_run_dir, write_config
 from core.data import preferences as PD
 from core.data.prompts import PromptSampler
 from core.models import reward_model as RM
@@ -39,6 +39,7 @@ from core.training.backend import Backend, TrainEngine
 from core.training.checkpoint import (AlreadyFinished, PriorRun, atomic_dir, load_training_state, prior_run,
                                      save_training_state, seed_everything)
 from core.training.device import check_precision, resolve_device
+from core.training.lifecycle import run_lifecycle
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -80,14 +81,17 @@ class Run:
 
 def main(cfg) -> float:
     """Setup, train, save; returns the final held-out pair accuracy (the sweep objective). A run dir that
-    holds a finished run is not run again (``resume`` true or auto): its recorded objective returns."""
-    try:
-        run = setup(cfg)
-    except AlreadyFinished as done:
-        log.info("%s already finished (%d steps); nothing to resume", done.summary["run_dir"], done.summary["steps"])
-        return float(done.summary.get("eval_after") or 0.0)
-    train(run)
-    return save(run)
+    holds a finished run is not run again (``resume`` true or auto): its recorded objective returns. The run holds its
+    run dir alone and ends the process group it started (core/training/lifecycle.py)."""
+    with run_lifecycle(hydra_run_dir()):
+        try:
+            run = setup(cfg)
+        except AlreadyFinished as done:
+            log.info("%s already finished (%d steps); nothing to resume", done.summary["run_dir"],
+                     done.summary["steps"])
+            return float(done.summary.get("eval_after") or 0.0)
+        train(run)
+        return save(run)
 
 
 def setup(cfg) -> Run:

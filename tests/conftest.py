@@ -35,6 +35,17 @@ except ImportError:  # hypothesis is a dev extra
     pass
 
 
+@pytest.fixture(autouse=True)
+def own_process():
+    """Each test ends the process group it started and puts back the launch variables it set, as a run's ``main``
+    does (core/training/lifecycle.py ``own_process``): tests call a loop's ``setup`` without its ``main``, and what
+    DeepSpeed's world of one leaves (``LOCAL_RANK``) would reach every later test's child processes."""
+    from core.training.lifecycle import own_process
+
+    with own_process():
+        yield
+
+
 @pytest.fixture(scope="session")
 def shared_data():
     """Path of the real data folder (../shared/data or $RLR_DATA_DIR); skips when it is missing."""

@@ -94,3 +94,21 @@ def test_a_reward_model_run_resumes_by_the_readme_command(tmp_path):
     assert resumed.returncode == 0, out[-3000:]
     assert f"resuming {run_dir} from step 4 (checkpoint {run_dir}/checkpoint-4)" in out
     assert len(results(tmp_path)) == 1
+
+
+@pytest.mark.slow
+def test_two_identical_jobs_on_one_run_dir_one_trains_and_the_other_is_refused(tmp_path):
+    """The issue's replay: the same ``resume=auto`` command started twice at once on one run dir (a requeue while the
+    old job runs, a command typed twice). One trains, the other is refused naming it (exit 1, no traceback):
+    ``metrics.jsonl`` holds each step once, the table one row. Before, both trained and both wrote: steps 1,1,2,2,..."""
+    run_dir = tmp_path / "run"
+    cmd = cli_command(tmp_path, *FAST, "train.total_steps=4", "train.checkpoint_every=2", "resume=auto")
+    jobs = [subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=CLI_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    outs = [job.communicate(timeout=600) for job in jobs]
+    (trained, _), (refused, refused_out) = sorted(zip(jobs, outs), key=lambda j: j[0].returncode)
+    assert (trained.returncode, refused.returncode) == (0, 1), [o[1][-2000:] for o in outs]
+    err = refused_out[1]
+    assert f"RunDirBusy: {run_dir} is in use by another job (pid {trained.pid} on " in err and "Traceback" not in err
+    assert [r["step"] for r in _steps(run_dir)] == [1, 2, 3, 4]
+    assert [r["steps"] for r in results(tmp_path)] == [4]

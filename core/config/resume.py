@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -25,6 +24,7 @@ import yaml
 from omegaconf import OmegaConf, open_dict
 
 from core.training.checkpoint import ResumeError
+from core.writes import replace_text
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,8 @@ def write_config(run_dir: Path, cfg) -> None:
     """``config.yaml``, the resolved config (a ``DictConfig`` or the frozen one), written atomically."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".config.yaml.tmp{os.getpid()}"
     node = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(json.loads(json.dumps(cfg)))
-    tmp.write_text(OmegaConf.to_yaml(node, resolve=True))
-    os.replace(tmp, run_dir / "config.yaml")
+    replace_text(run_dir / "config.yaml", OmegaConf.to_yaml(node, resolve=True))
 
 
 # A group chosen on the command line whose keys land elsewhere than under its own name (a ``_global_`` package).

@@ -30,6 +30,18 @@ HEAD = 1 << 16  # bytes looked at to tell the format
 JSONL = ("jsonl", "JSON Lines (its first line is one JSON object)")
 
 
+class Rows(list):
+    """The rows of a file, each knowing where it is in it (``where(i)``: ``<file> line 7``), so a message about a
+    row's value names the file and line (core/data/prompts.py ``load_split``)."""
+
+    def __init__(self, rows: list[dict], path: Path, places: list[str]):
+        super().__init__(rows)
+        self.path, self.places = path, places
+
+    def where(self, i: int) -> str:
+        return f"{self.path} {self.places[i]}"
+
+
 def extension(name: str) -> str | None:
     """The readable extension ``name`` ends with (``.jsonl.gz`` before ``.gz``), else None."""
     return next((ext for ext in FORMATS if name.endswith(ext)), None)
@@ -76,9 +88,9 @@ def mismatch(path: Path, key: str, ext: str, found: tuple[str, str]) -> DataErro
     return DataError(f"{key}={path}: the file holds {what}, but a {ext} file is read as {FORMATS[ext]}; {fix}")
 
 
-def read_rows(path: Path, key: str = "data.path") -> list[dict]:
+def read_rows(path: Path, key: str = "data.path") -> Rows:
     """The rows of the local file ``path`` (named by config ``key`` in messages), its format told by its extension
-    and checked against its content."""
+    and checked against its content; each row knows its line (:class:`Rows`)."""
     if not path.exists():
         raise DataError(f"{key}: data file not found: {path}")
     if path.is_dir():
@@ -121,11 +133,13 @@ def _gzip_rows(path: Path, key: str, found: tuple[str, str]) -> list[dict]:
         raise DataError(f"{key}={path}: a truncated or corrupt gzip file ({e})") from None
 
 
-def _lines(fh, path: Path, key: str) -> list[dict]:
+def _lines(fh, path: Path, key: str) -> Rows:
     try:
-        return [_json_line(line, path, n, key) for n, line in enumerate(fh, 1) if line.strip()]
+        numbered = [(n, _json_line(line, path, n, key)) for n, line in enumerate(fh, 1) if line.strip()]
     except UnicodeDecodeError as e:
         raise DataError(f"{key}={path}: not UTF-8 text ({e.reason} at byte {e.start} of a line)") from None
+    inner = " of its decompressed text" if path.name.endswith(".gz") else ""
+    return Rows([row for _, row in numbered], path, [f"line {n}{inner}" for n, _ in numbered])
 
 
 def _json_line(line: str, path: Path, n: int, key: str) -> dict:
@@ -158,7 +172,7 @@ def _json_array(path: Path, key: str, found: tuple[str, str]) -> list[dict]:
                         f"({json.dumps(rows[bad])[:60]}), expected an object (one row)")
     if not rows:
         raise DataError(f"{key}={path}: the JSON array is empty; expected one object per row")
-    return rows
+    return Rows(rows, path, [f"item {i} of its array" for i in range(len(rows))])
 
 
 def _parquet_rows(path: Path, key: str) -> list[dict]:
@@ -166,6 +180,7 @@ def _parquet_rows(path: Path, key: str) -> list[dict]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()
+        rows = pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{key}={path}: not a readable Parquet file ({e})") from None
+    return Rows(rows, path, [f"row {i}" for i in range(len(rows))])

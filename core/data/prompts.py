@@ -9,14 +9,18 @@ the token-length limit (dropped, or left-truncated as TRL 0.18 did for Open-R1).
 """
 from __future__ import annotations
 
+import json
+import logging
 import random
 from pathlib import Path
 from typing import Callable
 
 from core import paths
-from core.data.files import DataError, read_rows  # noqa: F401  (the readers' names, here since before files.py)
+from core.data.files import DataError, Rows, read_rows  # noqa: F401  (the readers' names, here since before files.py)
 from core.hub import reading
 from core.registry import Registry
+
+log = logging.getLogger(__name__)
 
 SourceFn = Callable[[object, str], "list[dict]"]
 SOURCES: Registry[SourceFn] = Registry("data.source")
@@ -136,26 +140,69 @@ def _take(row: dict, path: str):
 def load_split(cfg, split: str) -> list[dict]:
     """Rows of ``split`` (``train`` or ``eval``) with ``prompt`` (and, unless ``data.answer_key`` is null,
     ``answer``) columns, filtered by ``data.max_prompt_chars`` (SimpleRL-Zoo's character filter). With
-    ``data.eval_holdout``, both splits come from the source's train rows (:func:`split_off`)."""
-    if cfg.get("eval_holdout") is None:
-        rows = SOURCES.get(cfg.source)(cfg, split)
-    else:
-        rows = split_off(SOURCES.get(cfg.source)(cfg, "train"), cfg.eval_holdout)[split == "eval"]
+    ``data.eval_holdout``, both splits come from the source's train rows (:func:`split_off`). Each value is checked
+    as a value (:func:`value_problem`): every bad one is refused at once, naming its file, line and column."""
+    holdout = cfg.get("eval_holdout")
+    rows = SOURCES.get(cfg.source)(cfg, split if holdout is None else "train")
     keys = {name: key for name, key in split_keys(cfg, split).items() if key}
-    out = []
+    out, bad, empty = [], [], []
     for i, row in enumerate(rows):
         row = dict(row)
         for name, key in keys.items():
+            which = f"data.{'eval_' if split == 'eval' and cfg[f'eval_{name}_key'] else ''}{name}_key"
             try:
                 row[name] = _take(row, key)
             except KeyError as e:
-                which = f"data.{'eval_' if split == 'eval' and cfg[f'eval_{name}_key'] else ''}{name}_key"
                 raise DataError(f"data: row {i} of the {split} split has no {key!r} ({which}; missing step "
                                 f"{e.args[0]!r}); columns: {sorted(row)}") from None
+            problem = value_problem(name, row[name])
+            place = f"{_where(rows, i, split, cfg)}, column {key!r} ({which})"
+            if problem:
+                bad.append(f"{place}: {problem}")
+            elif name == "answer" and _is_empty(row[name]):
+                empty.append(place)
         out.append(row)
+    if bad:
+        raise DataError(f"data: {len(bad)} {'row holds' if len(bad) == 1 else 'rows hold'} no usable value:\n  - "
+                        + "\n  - ".join(bad[:8]) + ("\n  - ..." if len(bad) > 8 else "") + "\n  mend or drop them")
+    if empty:  # published sets hold a few (SimpleRL-Zoo's level 3-5 train set: 2), and their sources train on them
+        log.warning("data: %d %s rows hold an empty answer, kept as the sources keep them (no completion matches "
+                    "it): %s%s", len(empty), split, "; ".join(empty[:3]), "; ..." if len(empty) > 3 else "")
+    if holdout is not None:
+        out = split_off(out, holdout)[split == "eval"]
     if cfg.max_prompt_chars:
         out = [r for r in out if len(format_prompt(r["prompt"], cfg)) <= cfg.max_prompt_chars]
     return out
+
+
+def value_problem(name: str, value) -> str | None:
+    """What makes a row's ``prompt`` or ``answer`` value unusable, or None. A prompt is text or a list of chat
+    messages (``{"role": ..., "content": ...}``), not null, a number or empty; an answer is not null (a number is one:
+    SimpleRL-Zoo's AMC23 set holds its answers as numbers, and the verifiers read them; an empty one is logged)."""
+    if value is None:
+        return f"null; expected {_EXPECTED[name]}"
+    if name != "prompt":
+        return None
+    if isinstance(value, list) and value and not all(isinstance(m, dict) and "content" in m for m in value):
+        return f"a list that is not chat messages ({json.dumps(value, default=str)[:60]}); expected {_EXPECTED[name]}"
+    if not isinstance(value, (str, list)):
+        kind = {bool: "a boolean", int: "a number", float: "a number", dict: "an object"}.get(type(value),
+                                                                                              type(value).__name__)
+        return f"{kind} ({json.dumps(value, default=str)[:60]}); expected {_EXPECTED[name]}"
+    return f"empty ({json.dumps(value)}); expected {_EXPECTED[name]}" if _is_empty(value) else None
+
+
+def _is_empty(value) -> bool:
+    return isinstance(value, (str, list)) and not (value.strip() if isinstance(value, str) else value)
+
+
+_EXPECTED = {"prompt": 'the prompt\'s text, or a list of chat messages [{"role": ..., "content": ...}]',
+             "answer": "the answer (text, or a number)"}
+
+
+def _where(rows: list[dict], i: int, split: str, cfg) -> str:
+    """Where row ``i`` of a source's rows is: its file and line (or item, or row) when read from a file."""
+    return rows.where(i) if isinstance(rows, Rows) else f"row {i} of the {split} rows of data.source={cfg.source}"
 
 
 HOLDOUT_SEED = 0  # one held-out set for every training seed, so seeds are compared on the same rows

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from core.writes import appending, replace_text
+
 
 class PhaseTimer:
     """Wall time per named phase (generate, verify, logprobs, update), reset every step. On CUDA each phase
@@ -198,7 +200,9 @@ def _lines(path: Path) -> list[str]:
 
 
 def _append(path: Path, rows: list[dict]) -> None:
-    with open(path, "a", encoding="utf-8") as fh:
+    """``rows`` appended to ``path`` in one write; a failed write (a full disk) leaves the file as it was and raises
+    :class:`core.writes.WriteError` naming it and the free space."""
+    with appending(path), open(path, "a", encoding="utf-8") as fh:
         fh.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
@@ -206,9 +210,7 @@ def _truncate(path: Path, n: int) -> list[str]:
     """``path``'s first ``n`` lines, written back atomically (a missing file stays missing); returns them."""
     lines = _lines(path)[:n]
     if path.exists():
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        os.replace(tmp, path)
+        replace_text(path, "".join(line + "\n" for line in lines))
     return lines
 
 

@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from core.writes import failed, replace_text
+
 TABLE = "runs.jsonl"
 
 
@@ -33,19 +35,30 @@ def append_rows(results_dir: Path, rows: list[dict], key: tuple[str, ...]) -> Pa
         have = {tuple(json.dumps(r.get(k), default=str) for k in key) for r in read_rows(path.parent)}
         new = [r for r in rows if tuple(json.dumps(r.get(k), default=str) for k in key) not in have]
         if new:
-            os.write(fd, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in new).encode())
-            os.fsync(fd)
+            _write_all(fd, path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in new).encode())
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
     return path
 
 
+def _write_all(fd: int, path: Path, data: bytes) -> None:
+    """``data`` appended through ``fd`` (held under the table's lock) and synced; a write that fails part-way (a full
+    disk) is cut back off, so the table keeps whole rows only, and :class:`core.writes.WriteError` says so."""
+    before = os.fstat(fd).st_size
+    try:
+        view = memoryview(data)
+        while view:  # os.write may write less than asked
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except Exception as e:
+        os.ftruncate(fd, before)
+        raise failed(path, e, "the row is taken back and the rows before it are intact") from e
+
+
 def write_summary(run_dir: Path, row: dict) -> None:
     """``summary.json``, the run's row, written atomically: a run dir holding one has finished."""
-    tmp = Path(run_dir) / f".summary.json.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(row, indent=1))
-    os.replace(tmp, Path(run_dir) / "summary.json")
+    replace_text(Path(run_dir) / "summary.json", json.dumps(row, indent=1))
 
 
 def read_rows(results_dir: Path) -> list[dict]:

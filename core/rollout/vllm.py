@@ -72,7 +72,8 @@ def _ensure_process_group(device: torch.device) -> None:
     given, else a free one (TRL ``ensure_master_addr_port``): a fixed port would collide between jobs on a node."""
     if device.type == "cuda":
         os.environ["LOCAL_RANK"] = str(device.index)
-    if dist.is_initialized():
+    if dist.is_initialized():  # vLLM reads RANK whatever the group (DeepSpeed's world of one sets none)
+        os.environ.setdefault("RANK", str(dist.get_rank()))
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if os.environ.get("MASTER_PORT", "").strip().lower() in ("", "0", "auto"):

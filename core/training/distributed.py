@@ -232,3 +232,25 @@ def mean_metrics(metrics: dict[str, float], peaks: dict[str, float] | None = Non
     every = gather_rows(vals[None])  # [W, K]
     return {**dict(zip(keys, every[:, :len(keys)].mean(0).tolist())),
             **dict(zip(top, every[:, len(keys):].amax(0).tolist()))}
+
+
+def start_alone(backend: str) -> None:
+    """A process group of this process alone (rank 0 of 1) for a library that needs one (DeepSpeed outside a
+    launcher), on an in-memory store (``HashStore``): no TCP port to collide with another job on the node or another
+    run in this process, and no address or port written into the environment, where child processes would inherit
+    it. :func:`shutdown` ends it with the run (core/training/lifecycle.py)."""
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def shutdown() -> None:
+    """End the process group (DeepSpeed's references to its groups with it, when DeepSpeed made some), so a next run
+    in this process starts its own."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    import sys
+
+    ds_comm = sys.modules.get("deepspeed.comm.comm")  # its global ``cdb``: the backend DeepSpeed built, if any
+    if ds_comm is not None and ds_comm.cdb is not None:
+        ds_comm.destroy_process_group()  # torch's, then DeepSpeed's cached groups (deepspeed/utils/groups.py)
+    else:
+        dist.destroy_process_group()

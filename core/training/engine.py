@@ -149,6 +149,12 @@ class TorchEngine:
                         "master": self.master.state_dict() if self.master else None},
                        Path(out_dir) / "engine.pt")
 
+    def state_bytes(self) -> int:
+        """The bytes :meth:`save_state` writes: the model's tensors, the master weights and the optimiser's state as
+        they are now (each storage once: tied weights share one); the free-space check before a first checkpoint."""
+        opt = [v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        return _storage_bytes([*self.module.state_dict().values(), *(self.master.master if self.master else []), *opt])
+
     def load_state(self, out_dir) -> None:
         state = torch.load(Path(out_dir) / "engine.pt", weights_only=False, map_location=_device_of(self.module))
         self.module.load_state_dict(state["model"])
@@ -169,6 +175,11 @@ class TorchEngine:
 
 def _device_of(model) -> torch.device:
     return next(model.parameters()).device
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the storages behind ``tensors``, each once (``torch.save`` writes a shared storage once)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
 def _clip(params, max_norm: float) -> float:
@@ -235,17 +246,21 @@ def deepspeed_version_problem() -> str | None:
 
 
 def deepspeed_distributed() -> None:
-    """DeepSpeed's process group: the one ``core.training.distributed.init`` started under torchrun, or a
-    world of one outside a launcher (e.g. ``scale=tiny`` in one CPU process)."""
+    """DeepSpeed's process group: the one ``core.training.distributed.init`` started under torchrun, or outside a
+    launcher (e.g. ``scale=tiny`` in one CPU process) a world of one on an in-memory store
+    (``distributed.start_alone``: no TCP port, so runs in one process and jobs on one node never collide; it once was
+    ``MASTER_PORT=29500 + pid % 1000``, written into the environment and inherited by every child process).
+    DeepSpeed reads ``LOCAL_RANK`` from the environment whatever the group (runtime/engine.py
+    ``_do_args_sanity_check``, zero/partition_parameters.py): the device's index, set for the run and removed at its
+    end (core/training/lifecycle.py)."""
     import deepspeed
     import torch.distributed as dist
 
+    gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu"
     if not dist.is_initialized():
-        for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
-            os.environ.setdefault(k, v)
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() and
-                               os.environ.get("DS_ACCELERATOR") != "cpu" else "gloo")
+        distributed.start_alone("nccl" if gpu else "gloo")
+    os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if gpu else 0))  # torchrun sets it
+    deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo")
 
 
 class DeepSpeedEngine:
@@ -317,6 +332,15 @@ class DeepSpeedEngine:
 
     def save_state(self, out_dir) -> None:
         self.engine.save_checkpoint(str(out_dir), tag="engine")
+
+    def state_bytes(self) -> int:
+        """About the bytes :meth:`save_state` writes over all ranks, counted before the first checkpoint (DeepSpeed's
+        files are not measured until written): the module's weights in their dtype, and 12 bytes per trainable
+        parameter for the optimiser's fp32 partitions (master weights and Adam's two moments, which ZeRO 1-3 keep in
+        fp32 whatever the model's dtype). ZeRO-3 parameters count whole (``ds_numel``)."""
+        params = list(self.module.parameters())
+        whole = [getattr(p, "ds_numel", p.numel()) for p in params]
+        return sum(n * p.element_size() + (12 * n if p.requires_grad else 0) for n, p in zip(whole, params))
 
     def load_state(self, out_dir) -> None:
         self.engine.load_checkpoint(str(out_dir), tag="engine")

@@ -363,3 +363,33 @@ def test_too_many_held_out_rows_are_refused_by_the_loop(refused, tmp_path):
     path = _file(tmp_path, "mine.jsonl")
     msg = refused("data.source=file", f"data.path={path}", "data.eval_holdout=40")
     assert "data.eval_holdout=40: holds out 40 of the 40 training rows" in msg
+
+
+# --- row values, checked as values ------------------------------------------------------------------------------
+
+def test_null_number_and_empty_values_are_named_by_file_line_and_column(refused, tmp_path):
+    """The issue's row whose prompt is null (it was refused as "the prompt column holds chat messages", naming no row),
+    and its kin: each bad value is listed at once with its file, line and column, before any model."""
+    rows = [dict(r) for r in ROWS]
+    rows[3]["prompt"] = None
+    rows[5]["prompt"] = 17
+    rows[6]["prompt"] = "  "
+    rows[8]["prompt"] = [{"role": "user"}, "text"]
+    rows[9]["answer"] = None
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows[:5]) + "\n\n" + "\n".join(json.dumps(r) for r in rows[5:]))
+    msg = refused("data.source=file", f"data.path={path}", "data.eval_holdout=4")
+    assert "data: 5 rows hold no usable value:" in msg and "chat messages but" not in msg
+    expected = 'expected the prompt\'s text, or a list of chat messages [{"role": ..., "content": ...}]'
+    for line, what in ((4, "null"), (7, "a number (17)"), (8, 'empty ("  ")'),
+                       (10, 'a list that is not chat messages ([{"role": "user"}, "text"])')):
+        assert f"{path} line {line}, column 'prompt' (data.prompt_key): {what}; {expected}" in msg, msg
+    assert f"{path} line 11, column 'answer' (data.answer_key): null; expected the answer (text, or a number)" in msg
+
+
+def test_a_bad_value_in_the_held_out_file_and_a_json_array_are_placed(refused, tmp_path):
+    train = _file(tmp_path, "train.jsonl")
+    held = tmp_path / "held.json"
+    held.write_text(json.dumps([{"prompt": "1+1=", "answer": "2"}, {"prompt": "", "answer": "3"}]))
+    msg = refused("data.source=file", f"data.path={train}", f"data.eval_path={held}", "data.eval_prompt_key=prompt")
+    assert f"{held} item 1 of its array, column 'prompt' (data.eval_prompt_key): empty (\"\")" in msg

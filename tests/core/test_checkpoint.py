@@ -5,10 +5,10 @@ manifest before a resume (a truncated or altered newest one falls back to the on
 a write, and a write that runs out of space leaves the older ones intact."""
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -95,6 +95,9 @@ class _Engine:
     def save_state(self, out_dir) -> None:
         torch.save(torch.zeros(self.size // 4, dtype=torch.float32), Path(out_dir) / "engine.pt")
 
+    def state_bytes(self) -> int:
+        return self.size
+
 
 def _save(run, step: int, keep: int = 2, engine=None) -> Path:
     return save_training_state(run, engine or _Engine(), {"step": step}, keep=keep)
@@ -132,54 +135,73 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(tmp_path, 
     for step in (1, 2):
         _save(tmp_path, step)
     damage(tmp_path / "checkpoint-2")
+    kept = {p.name: p.read_bytes() for p in (tmp_path / "checkpoint-2").iterdir()}
     with caplog.at_level(logging.WARNING, logger=C.__name__):
         prior = prior_run(tmp_path, "auto")
     assert prior.checkpoint == tmp_path / "checkpoint-1" and prior.step == 1
     assert f"checkpoint {tmp_path / 'checkpoint-2'} is unreadable ({problem}" in caplog.text
-    assert os.listdir(tmp_path) == ["checkpoint-1"]  # the unreadable one is gone: its steps run again
-    _truncate(tmp_path / "checkpoint-1" / "trainer.json")
-    with pytest.raises(ResumeError, match="holds no complete checkpoint"):
+    assert f"moved to {tmp_path / 'corrupt' / 'checkpoint-2'}" in caplog.text
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-1", "corrupt"]  # out of the way of the new checkpoint-2
+    assert {p.name: p.read_bytes() for p in (tmp_path / "corrupt" / "checkpoint-2").iterdir()} == kept  # as it was
+
+
+def test_a_refused_resume_moves_and_removes_nothing(tmp_path):
+    """The issue's replay: every checkpoint's engine.pt damaged (64 bytes flipped). resume=true and resume=auto are
+    refused, naming each checkpoint and what is wrong and the steps recorded, and every file stays as it was:
+    auto does not start afresh over them."""
+    for step in (2, 4, 6):
+        _save(tmp_path, step, keep=2)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(7)))
+    for step in (4, 6):
+        engine = tmp_path / f"checkpoint-{step}" / "engine.pt"
+        data = bytearray(engine.read_bytes())
+        data[100:164] = bytes(b ^ 0xFF for b in data[100:164])
+        engine.write_bytes(bytes(data))
+    before = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for resume in (True, "auto"):
+        with pytest.raises(ResumeError) as refused:
+            prior_run(tmp_path, resume, 8)
+        msg = str(refused.value)
+        assert f"{tmp_path} holds no checkpoint that verifies (checkpoint-6: unreadable, engine.pt does not match its " \
+               "SHA-256; checkpoint-4: unreadable, engine.pt does not match its SHA-256; metrics.jsonl records 6 " \
+               "steps, 1-6)" in msg
+        assert "nothing was moved or removed, and resume=auto does not start afresh over them" in msg
+        assert "was train.checkpoint_every 0" not in msg and "starts afresh when" not in msg
+        assert {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_resume_true_without_any_checkpoint_says_what_the_run_dir_holds(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(3)))
+    with pytest.raises(ResumeError, match=r"resume=true but .* holds no complete checkpoint: no checkpoint-<step> "
+                                          r"folder \(metrics.jsonl records 2 steps, 1-2\); resume=auto starts the run "
+                                          r"afresh there, running the steps metrics.jsonl records again"):
         prior_run(tmp_path, True)
+    assert prior_run(tmp_path, "auto").checkpoint is None  # killed before its first checkpoint: it starts afresh
 
 
-def test_a_checkpoint_is_not_started_without_the_space_the_last_one_took(tmp_path, monkeypatch):
+def test_a_checkpoint_is_not_started_without_the_space_it_takes(tmp_path, monkeypatch):
+    """The arithmetic of the check (a real full file system: tests/core/test_full_disk.py): before the first
+    checkpoint the training state's size, then the newest checkpoint's."""
+    from core import writes
+
+    free = {"bytes": 3999}
+    monkeypatch.setattr(writes.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 0, free["bytes"]))
+    with pytest.raises(CheckpointWriteError, match=r"not writing .*checkpoint-1: it needs about 3.9 KiB \(the size of "
+                                                   r"the training state: weights, optimiser\) and the file system of "
+                                                   r".* has 3.9 KiB free; there was no earlier checkpoint"):
+        _save(tmp_path, 1, engine=_Engine(4000))
+    assert os.listdir(tmp_path) == []
+    free["bytes"] = 10**9
     _save(tmp_path, 1, engine=_Engine(4000))
     size = C.manifest_bytes(tmp_path / "checkpoint-1")
-    free = {"bytes": size - 1}
-    monkeypatch.setattr(C.shutil, "disk_usage", lambda p: shutil_usage(free["bytes"]))
-    with pytest.raises(CheckpointWriteError, match=r"not writing .*checkpoint-2: it needs about 0.00 GiB \(the size "
+    free["bytes"] = size - 1
+    with pytest.raises(CheckpointWriteError, match=r"not writing .*checkpoint-2: it needs about .* \(the size "
                                                    r"of checkpoint-1\).*checkpoint-1 is intact"):
         _save(tmp_path, 2, engine=_Engine(4000))
     assert os.listdir(tmp_path) == ["checkpoint-1"] and prior_run(tmp_path, True).step == 1
     free["bytes"] = size
     _save(tmp_path, 2, engine=_Engine(4000))
     assert prior_run(tmp_path, True).step == 2
-
-
-def shutil_usage(free: int):
-    import shutil
-
-    return shutil._ntuple_diskusage(10**12, 10**12 - free, free)
-
-
-def test_a_write_that_runs_out_of_space_leaves_the_older_checkpoint_usable(tmp_path, monkeypatch):
-    """The disk fills while the second checkpoint's RNG file is written, after its engine state: the partial copy
-    goes, the first checkpoint verifies and resumes, and the error says what happened and what to do."""
-    _save(tmp_path, 1)
-    real = torch.save
-
-    def full_disk(obj, path, *a, **kw):
-        if ".checkpoint-2.tmp" in str(path) and Path(path).name == "rng.pt":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(obj, path, *a, **kw)
-
-    monkeypatch.setattr(C.torch, "save", full_disk)
-    with pytest.raises(CheckpointWriteError, match=r"writing .*checkpoint-2 failed: No space left on device .*"
-                                                   r"checkpoint-1 is intact: free space"):
-        _save(tmp_path, 2)
-    assert os.listdir(tmp_path) == ["checkpoint-1"]
-    prior = prior_run(tmp_path, True)
-    assert prior.checkpoint == tmp_path / "checkpoint-1" and prior.step == 1
 
 
 @pytest.fixture

@@ -72,8 +72,8 @@ def test_a_finished_run_asked_for_more_or_fewer_steps(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"run_dir": str(tmp_path), "steps": 8}))
     with pytest.raises(AlreadyFinished):
         prior_run(tmp_path, "auto", 8)
-    with pytest.raises(ResumeError, match=r"kept no checkpoint \(train.checkpoint_every=0\); start a new run from "
-                                          r"its final model: model.name_or_path="):
+    with pytest.raises(ResumeError, match=r"but it holds no checkpoint-<step> folder; start a new run from its final "
+                                          r"model: model.name_or_path="):
         prior_run(tmp_path, True, 12)
     with pytest.raises(ResumeError, match="finished at step 8; train.total_steps=6 would not extend it"):
         prior_run(tmp_path, "auto", 6)
