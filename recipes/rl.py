@@ -199,7 +199,7 @@ def _setup_logging(cfg, run_dir: Path) -> MetricsWriter:
 def _resume(run: Run, prior: PriorRun) -> None:
     """Engines, RNG streams, step, history, sampler, KL beta and the batch generated ahead from the checkpoint; the
     records cut back to what it saw, so the steps after it are logged once, by this run. Without a checkpoint
-    (resume=auto, none yet) a killed attempt's records go."""
+    (resume=auto, none yet) a killed attempt's records are moved aside (superseded/)."""
     if prior.checkpoint is None:
         run.writer.rewind(0, 0)
         return

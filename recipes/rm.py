@@ -171,7 +171,7 @@ def _setup_logging(cfg, run_dir: Path) -> MetricsWriter:
 
 def _resume(run: Run, prior: PriorRun) -> None:
     """Engine, RNG streams, step, history and sampler from the checkpoint; the records cut back to what it saw.
-    Without a checkpoint (resume=auto, none yet) a killed attempt's records go."""
+    Without a checkpoint (resume=auto, none yet) a killed attempt's records are moved aside (superseded/)."""
     if prior.checkpoint is None:
         run.writer.rewind(0)
         return

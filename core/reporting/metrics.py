@@ -195,6 +195,14 @@ class WandbMirror:
         self.run.finish()
 
 
+def _record(line: str) -> dict:
+    """A logged line as its record; a line a kill cut short is kept as its text."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return {"unparsed": line}
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
 
@@ -206,12 +214,24 @@ def _append(path: Path, rows: list[dict]) -> None:
         fh.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
+SUPERSEDED = "superseded"  # the run dir's folder of records a rewind cut (an attempt's steps that run again)
+
+
 def _truncate(path: Path, n: int) -> list[str]:
-    """``path``'s first ``n`` lines, written back atomically (a missing file stays missing); returns them."""
-    lines = _lines(path)[:n]
+    """``path``'s first ``n`` lines, written back atomically (a missing file stays missing); returns them. The lines
+    cut are appended first to ``superseded/<name>`` beside it, each with the time it was cut: the steps after the
+    checkpoint a run resumes from (or all of them, where a killed attempt left none) run again and are logged once in
+    ``path``, and what the attempt had logged of them is kept, not lost (docs/reliability.md)."""
+    lines = _lines(path)
+    if len(lines) > n:
+        aside = path.parent / SUPERSEDED / path.name
+        aside.parent.mkdir(exist_ok=True)
+        cut_at = time.time()
+        with appending(aside), open(aside, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps({**_record(line), "superseded_at": cut_at}) + "\n" for line in lines[n:])
     if path.exists():
-        replace_text(path, "".join(line + "\n" for line in lines))
-    return lines
+        replace_text(path, "".join(line + "\n" for line in lines[:n]))
+    return lines[:n]
 
 
 def _plain_config(cfg) -> dict:

@@ -52,3 +52,21 @@ def test_the_logged_peak_is_the_largest_over_ranks_and_the_rest_their_mean(tmp_p
     for rank in range(2):
         assert torch.load(tmp_path / f"out.{rank}") == [{"time/update": 1.5, "loss": 1.0, "memory/peak_mb": 300.0},
                                                         {"time/update": 1.5}]
+
+
+def test_a_rewind_keeps_the_records_it_cuts_aside(tmp_path):
+    """A resume cuts the records back to its checkpoint (here: 2 of 5 steps; a killed attempt without a checkpoint:
+    all of them); metrics.jsonl then holds each step once, and what was cut is in superseded/, not lost (issue 37)."""
+    import json
+
+    writer = metrics.MetricsWriter(tmp_path, tensorboard=False)
+    for step in range(1, 6):
+        writer.log(step, {"reward/mean": float(step)})
+    writer.rewind(2)
+    (tmp_path / "metrics.jsonl").open("a").write('{"step": 6, "rew')  # a kill mid-write: a partial line
+    writer.rewind(2)
+    kept = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    aside = [json.loads(line) for line in (tmp_path / "superseded" / "metrics.jsonl").read_text().splitlines()]
+    assert kept == [1, 2] and writer.rows == 2
+    assert [r.get("step") for r in aside] == [3, 4, 5, None] and aside[3]["unparsed"] == '{"step": 6, "rew'
+    assert all(r["superseded_at"] > 0 for r in aside)
